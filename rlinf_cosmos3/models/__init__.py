@@ -1,0 +1,1 @@
+"""Model wrappers. Subpackages import torch/diffusers lazily; this package root imports nothing."""
