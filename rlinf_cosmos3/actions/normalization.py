@@ -85,7 +85,9 @@ class ActionNormalizer:
 
     def _check(self, a: Any) -> None:
         if a.shape[-1] != ACTION_DIM_10:
-            raise ValueError(f"ActionNormalizer: expected actions [..., {ACTION_DIM_10}], got shape {tuple(a.shape)}")
+            raise ValueError(
+                f"ActionNormalizer: expected actions [..., {ACTION_DIM_10}], got shape {tuple(a.shape)}"
+            )
 
     def normalize(self, a10: T) -> T:
         """10-D actions -> model range (about [-1, 1]; values outside q01..q99 go beyond it)."""

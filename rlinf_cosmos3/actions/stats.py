@@ -136,10 +136,13 @@ def chunk_starts_per_episode(episode_lengths: Sequence[int], chunk_length: int) 
     return np.maximum(0, lengths - chunk_length)
 
 
-def _frame_multiplicities(
-    episode_lengths: Sequence[int], chunk_length: int, max_samples: int | None, seed: int
-) -> list[np.ndarray]:
-    """How many selected chunks contain each frame, per episode."""
+def select_chunks(
+    episode_lengths: Sequence[int], chunk_length: int, max_samples: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """The chunks that enter the stats, as ``[n, 2]`` rows of (episode, start frame), sorted.
+
+    All chunks, or a seeded uniform subset of ``max_samples`` of them drawn without replacement.
+    """
     n_starts = chunk_starts_per_episode(episode_lengths, chunk_length)
     total = int(n_starts.sum())
     if max_samples is not None and max_samples < total:
@@ -147,10 +150,18 @@ def _frame_multiplicities(
     else:
         picked = np.arange(total)
     offsets = np.concatenate([[0], np.cumsum(n_starts)])
+    episode = np.searchsorted(offsets, picked, side="right") - 1
+    return np.stack([episode, picked - offsets[episode]], axis=1).astype(np.int64).reshape(-1, 2)
+
+
+def _frame_multiplicities(
+    episode_lengths: Sequence[int], chunk_length: int, chunks: np.ndarray
+) -> list[np.ndarray]:
+    """How many of the selected chunks contain each frame, per episode."""
     weights = []
+    bounds = np.searchsorted(chunks[:, 0], np.arange(len(episode_lengths) + 1))  # chunks sorted by episode
     for ep, length in enumerate(episode_lengths):
-        lo, hi = np.searchsorted(picked, [offsets[ep], offsets[ep + 1]])
-        starts = picked[lo:hi] - offsets[ep]
+        starts = chunks[bounds[ep] : bounds[ep + 1], 1]
         diff = np.zeros(int(length) + 1, dtype=np.int64)
         np.add.at(diff, starts, 1)
         np.add.at(diff, starts + chunk_length, -1)
@@ -250,13 +261,13 @@ def compute_action_stats(
             f"no training chunk: every episode needs at least chunk_length + 1 = {chunk_length + 1} frames "
             f"(got {len(arrays)} episodes, longest {max(lengths, default=0)})"
         )
-    weights = _frame_multiplicities(lengths, chunk_length, max_samples, seed)
-    w = np.concatenate(weights)
+    chunks = select_chunks(lengths, chunk_length, max_samples, seed)
+    w = np.concatenate(_frame_multiplicities(lengths, chunk_length, chunks))
     keep = w > 0
     rows = actions_7_to_10(np.concatenate(arrays, axis=0)[keep])
     w = w[keep]
     raw = _weighted_block(rows, w)
-    n_chunks = int(w.sum()) // chunk_length
+    n_chunks = len(chunks)
     meta: dict[str, Any] = {
         "embodiment_type": "libero",
         "pose_convention": "frame_wise_relative",
@@ -298,11 +309,11 @@ def read_lerobot_episode_actions(root: str | os.PathLike[str], repo_id: str | No
     Uses lerobot's own reader (``LeRobotDataset(repo_id, root=root)``) on the parquet data only, so
     no video is decoded. Set ``HF_HUB_OFFLINE=1`` to make a missing file fail instead of downloading.
     """
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # heavy; main environment only
-
     root_path = Path(root).resolve()
     if not (root_path / "meta" / "info.json").is_file():
         raise FileNotFoundError(f"not a LeRobot dataset (no meta/info.json): {root_path}")
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset  # heavy; main environment only
+
     rid = repo_id or f"local/{root_path.name}"
     ds = LeRobotDataset(rid, root=root_path, download_videos=False)
     feature = ds.features.get("action")

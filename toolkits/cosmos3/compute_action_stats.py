@@ -1,0 +1,91 @@
+"""Compute the quantile_rot action statistics of a LIBERO LeRobot v3 dataset.
+
+    python toolkits/cosmos3/compute_action_stats.py --data DATASET_DIR --out STATS.json
+        [--chunk-length 16] [--seed 0] [--max-samples N] [--repo-id local/name]
+
+Reads the 7-D ``action`` column (gripper stored as g in [0, 1], 1 = open) of every episode,
+converts it to 10-D ``[dpos, rot6d, gripper]`` and writes ``{"metadata", "global", "global_raw"}``
+stats over all training chunks (see ``rlinf_cosmos3.actions.stats`` and
+docs/action_conventions.md). If --out is a directory the file is named
+``libero_native_frame_wise_relative_rot6d.json`` inside it. Runs offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rlinf_cosmos3.actions.stats import (
+    DEFAULT_CHUNK_LENGTH,
+    STATS_FILENAME,
+    compute_action_stats,
+    read_lerobot_episode_actions,
+    write_action_stats,
+)
+
+logger = logging.getLogger("compute_action_stats")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data", type=Path, required=True, help="LeRobot v3 dataset root (has meta/info.json)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="stats JSON file to write (or a directory)")
+    parser.add_argument("--chunk-length", type=int, default=DEFAULT_CHUNK_LENGTH, help="actions per chunk")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the chunk subset (with --max-samples)")
+    parser.add_argument(
+        "--max-samples", type=int, default=None, help="use a random subset of this many chunks (default: all)"
+    )
+    parser.add_argument(
+        "--repo-id", default=None, help="repo id to open the dataset with (default: local/<dir>)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    # Never reach for the Hugging Face hub: a missing file must be an error, not a download.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    try:
+        data = read_lerobot_episode_actions(args.data, repo_id=args.repo_id)
+        stats = compute_action_stats(
+            data.episodes,
+            chunk_length=args.chunk_length,
+            max_samples=args.max_samples,
+            seed=args.seed,
+            metadata={"fps": data.fps, "dataset_root": str(data.root), "repo_id": data.repo_id},
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        logger.error("error: %s", exc)
+        return 2
+    out = args.out / STATS_FILENAME if args.out.is_dir() else args.out
+    write_action_stats(stats, out)
+
+    meta = stats["metadata"]
+    logger.info(
+        "read %s: %d episodes, %d frames at %d fps",
+        data.root,
+        meta["num_episodes"],
+        meta["num_frames"],
+        data.fps,
+    )
+    logger.info(
+        "used %d of %d chunks of %d actions (%d action rows), seed %d",
+        meta["num_chunks"],
+        meta["num_chunks_available"],
+        meta["chunk_length"],
+        meta["num_rows_stats"],
+        meta["seed"],
+    )
+    for field in ("q01", "q99", "mean", "std"):
+        logger.info("global_raw.%-4s %s", field, " ".join(f"{v:+.4f}" for v in stats["global_raw"][field]))
+    logger.info("wrote %s", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
