@@ -32,8 +32,10 @@ from rlinf_cosmos3.models.cosmos3.tiny import (
     SPECIAL_TOKENS,
     TOKENIZER_VOCAB_SIZE,
     count_parameters,
+    random_pipeline,
     random_transformer,
     write_model_dir,
+    write_random_weights,
 )
 from rlinf_cosmos3.paths import REPO_ROOT
 
@@ -207,6 +209,23 @@ def test_loads_in_saved_fp32(tiny_dir: Path, pipe: Cosmos3OmniPipeline) -> None:
     assert pipeline.transformer.dtype == torch.float32
     action = _policy(pipeline, _observation(), seed=0).action[0]
     assert action.shape == (16, 10) and torch.isfinite(action).all()
+
+
+def test_materialised_weights_equal_saved_weights(tiny_dir: Path, tmp_path: Path) -> None:
+    """The GPU path for Nano, run on CPU with the tiny shape: building from configs and saving give
+    the same weights as ``random_pipeline`` builds in memory for that seed."""
+    model_dir = write_model_dir(tmp_path / "tiny", seed=0)
+    write_random_weights(model_dir, device="cpu", dtype=torch.float32, seed=5)
+    loaded = Cosmos3OmniPipeline.from_pretrained(model_dir, enable_safety_checker=False)
+    in_memory = random_pipeline(model_dir, device="cpu", dtype=torch.float32, seed=5)
+    for component in ("transformer", "vae"):
+        expected = getattr(in_memory, component).state_dict()
+        got = getattr(loaded, component).state_dict()
+        assert got.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(tensor, got[name]), f"{component}.{name}"
+    seed0 = Cosmos3OmniTransformer.from_pretrained(tiny_dir / "transformer")
+    assert not torch.equal(seed0.proj_in.weight, in_memory.transformer.proj_in.weight)
 
 
 # ----------------------------------------------------------------------------- the Nano preset
