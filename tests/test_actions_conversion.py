@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from rlinf_cosmos3.actions import (
     dataset_gripper_to_libero_command,
     libero_command_to_dataset_gripper,
 )
+from rlinf_cosmos3.paths import libero_python
 
 
 @st.composite
@@ -97,3 +100,40 @@ def test_gripper_command_is_binary_and_inverts_the_storage_rule(g: np.ndarray) -
     # Away from the tie it is -sign(2g - 1), the references' rule.
     away = np.abs(2 * g - 1) > 0
     np.testing.assert_array_equal(cmd[away], -np.sign(2 * g[away] - 1))
+
+
+_SIM_ENV_SCRIPT = """
+import json, sys
+import numpy as np
+from rlinf_cosmos3.actions import actions_10_to_7, dataset_gripper_to_libero_command
+a10 = np.array(json.load(sys.stdin))
+a7 = actions_10_to_7(a10)
+a7[:, 6] = dataset_gripper_to_libero_command(a7[:, 6])
+print(json.dumps({"a7": a7.tolist(), "heavy": sorted(m for m in ("torch", "lerobot") if m in sys.modules)}))
+"""
+
+
+@pytest.mark.libero
+def test_simulator_environment_decodes_actions_like_the_main_one() -> None:
+    """The simulator side (numpy < 2, no torch) imports the package and gets the same 7-D commands."""
+    python = libero_python()
+    if not python.exists():
+        pytest.skip(f"simulator environment not built: {python}")
+    rng = np.random.default_rng(3)
+    a7 = np.concatenate(
+        [rng.normal(size=(16, 3)), rng.normal(scale=0.3, size=(16, 3)), rng.random((16, 1))], axis=1
+    )
+    a10 = actions_7_to_10(a7) + rng.normal(scale=1e-3, size=(16, 10))  # a slightly noisy "model output"
+    proc = subprocess.run(
+        [str(python), "-c", _SIM_ENV_SCRIPT],
+        input=json.dumps(a10.tolist()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == []
+    expected = actions_10_to_7(a10)
+    expected[:, 6] = dataset_gripper_to_libero_command(expected[:, 6])
+    np.testing.assert_allclose(np.array(result["a7"]), expected, rtol=1e-12, atol=1e-12)

@@ -123,6 +123,7 @@ def write_action_stats(stats: Mapping[str, Any], path: str | os.PathLike[str]) -
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a stats file is meant to be shared
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -330,7 +331,7 @@ def read_lerobot_episode_actions(root: str | os.PathLike[str], repo_id: str | No
     ep_ids, starts = np.unique(episode, return_index=True)
     bounds = list(starts[1:]) + [len(episode)]
     episodes = [actions[s:e] for s, e in zip(starts, bounds, strict=True)]
-    logger.info("read %d episodes, %d frames from %s", len(episodes), len(episode), root_path)
+    logger.debug("read %d episodes, %d frames from %s", len(episodes), len(episode), root_path)
     return EpisodeActions(
         episodes=episodes,
         episode_indices=[int(i) for i in ep_ids],
