@@ -1,0 +1,67 @@
+"""``logs/<timestamp>-<config>/``: one folder per run with its log, resolved config and events.
+
+Every entry point (SFT, eval) creates its run directory first, so even a run that fails at config
+validation leaves a log that says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run's outputs."""
+
+    root: Path
+    log_file: Path
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "config.yaml"
+
+    def save_config(self, resolved: dict[str, Any]) -> Path:
+        """Write the fully resolved config next to the log (what actually ran)."""
+        self.config_file.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        return self.config_file
+
+
+def create_run_dir(base: str | Path, config_name: str, log_name: str, *, stamp: str | None = None) -> RunDir:
+    """Create ``<base>/<timestamp>-<config_name>/`` (unique even when two runs start in one second)."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    base = Path(base)
+    root = base / f"{stamp}-{config_name}"
+    suffix = 1
+    while root.exists():
+        suffix += 1
+        root = base / f"{stamp}-{config_name}-{suffix}"
+    root.mkdir(parents=True)
+    return RunDir(root=root, log_file=root / log_name)
+
+
+def setup_run_logging(run_dir: RunDir, level: int = logging.INFO) -> None:
+    """Send our loggers to the run's log file and to the console, one format for both."""
+    formatter = logging.Formatter(LOG_FORMAT)
+    root = logging.getLogger()
+    root.setLevel(level)
+    for handler in list(root.handlers):
+        if getattr(handler, "_rlinf_cosmos3", False):
+            root.removeHandler(handler)
+            handler.close()
+    for handler in (logging.FileHandler(run_dir.log_file), logging.StreamHandler(sys.stdout)):
+        handler.setFormatter(formatter)
+        handler._rlinf_cosmos3 = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
