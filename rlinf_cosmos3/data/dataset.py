@@ -1,0 +1,184 @@
+"""LIBERO training samples from a local LeRobot v3 dataset.
+
+lerobot's :class:`LeRobotDataset` does the reading (parquet rows, ``delta_timestamps`` windows,
+video decoding with PyAV); this module only checks the dataset against the config, asks for the
+right windows, and turns the 7-D actions into the normalised 10-D actions the model learns.
+
+Sample at frame ``t`` of an episode of ``T`` frames (defaults: 17 frames, 16 actions)::
+
+    <camera>        uint8 [num_frames, 3, H, W]  RGB, channels first, frames t .. t+num_frames-1
+                    (the diffusers video layout; divide by 255 for [0, 1])
+    frame_is_pad    bool  [num_frames]           True where t+k >= T
+    actions         float32 [chunk_length, 10]   actions t .. t+chunk_length-1 as
+                    [dpos(3), rot6d(6), gripper(1)], normalised (quantile_rot, global_raw stats)
+    action_is_pad   bool  [chunk_length]         True where t+k >= T
+    state           float32 [8]                  observation.state at t (not normalised)
+    prompt          str                          the episode's task
+    episode_index, frame_index, index   int64    episode, frame within episode, dataset row
+
+Past the episode end lerobot clamps the query to the last frame, so padded frames repeat the
+episode's last frame and padded actions repeat its last action (converted and normalised like
+any other). This is also what NVIDIA's cosmos-policy LIBERO loader does
+(``get_action_chunk_with_padding``); losses should still use the masks.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10
+from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.data.checks import (
+    DatasetMismatchError,
+    check_dataset_layout,
+    check_episodes,
+    check_features,
+)
+from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
+
+logger = logging.getLogger(__name__)
+
+VIDEO_BACKEND = "pyav"  # torchcodec fails inside DataLoader workers on these machines
+
+
+class LiberoLeRobotDataset(torch.utils.data.Dataset):
+    """Map-style dataset of LIBERO training samples; one sample per kept frame ``t``."""
+
+    def __init__(self, cfg: LiberoDataConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        root = Path(cfg.root).expanduser()
+        check_dataset_layout(root)
+        meta = LeRobotDatasetMetadata(cfg.repo_id, root=root)
+        check_features(meta.fps, meta.features, cfg)
+        check_episodes(meta.total_episodes, meta.episodes.column_names, cfg)
+        self.normalizer = _load_normalizer(cfg)
+        episodes = _select_episodes(meta, cfg)
+        _check_video_files(meta, root, episodes, cfg.image_keys)
+
+        self._image_names = {key: image_output_name(key) for key in cfg.image_keys}
+        self._dataset = LeRobotDataset(
+            cfg.repo_id,
+            root=root,
+            episodes=episodes,
+            delta_timestamps=_delta_timestamps(cfg),
+            video_backend=VIDEO_BACKEND,
+            return_uint8=True,
+        )
+        self.episodes = episodes if episodes is not None else list(range(meta.total_episodes))
+        self._rows = _complete_chunk_rows(self._dataset, meta, cfg) if cfg.complete_chunks_only else None
+        if len(self) == 0:
+            raise DatasetMismatchError(
+                f"no training sample: with complete_chunks_only every episode needs at least "
+                f"{max(cfg.num_frames, cfg.chunk_length)} frames"
+            )
+        logger.info(
+            "LIBERO dataset %s: %d episodes, %d samples (fps %d, %d frames, %d actions)",
+            root,
+            len(self.episodes),
+            len(self),
+            cfg.fps,
+            cfg.num_frames,
+            cfg.chunk_length,
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else len(self._dataset)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        if not 0 <= idx < len(self):
+            raise IndexError(f"sample {idx} out of range for {len(self)} samples")
+        item = self._dataset[int(self._rows[idx]) if self._rows is not None else idx]
+        first_key = self.cfg.image_keys[0]
+        sample: dict[str, Any] = {name: item[key] for key, name in self._image_names.items()}
+        sample["frame_is_pad"] = item[f"{first_key}_is_pad"]
+        sample["actions"] = self._actions_10(item[ACTION_KEY])
+        sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
+        sample["state"] = item[STATE_KEY].to(torch.float32)
+        sample["prompt"] = item["task"]
+        for key in ("episode_index", "frame_index", "index"):
+            sample[key] = item[key].to(torch.int64)
+        return sample
+
+    def _actions_10(self, actions_7: torch.Tensor) -> torch.Tensor:
+        """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers)."""
+        a10 = actions_7_to_10(actions_7.numpy().astype(np.float64))
+        return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32))
+
+
+def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
+    """Read the stats file; a missing/malformed file or one made for another recipe is a config error."""
+    try:
+        normalizer = ActionNormalizer(cfg.stats_path, method=cfg.normalization)
+    except FileNotFoundError as err:
+        raise ConfigError("data.stats_path", f"action stats file not found at '{cfg.stats_path}'") from err
+    except ActionStatsError as err:
+        raise ConfigError("data.stats_path", f"malformed action stats file: {err}") from err
+    # Fields the stats writer records about how the stats were made; checked only when present
+    # (NVIDIA's bundled file need not carry them).
+    recorded = {"fps": cfg.fps, "chunk_length": cfg.chunk_length, "normalization": cfg.normalization}
+    for field, expected in recorded.items():
+        value = normalizer.metadata.get(field)
+        if value is not None and value != expected:
+            raise ConfigError(
+                f"data.{field}",
+                f"is {expected!r} but the action stats '{cfg.stats_path}' were made with {field}={value!r}",
+                "use stats computed for this setting or change the setting",
+            )
+    return normalizer
+
+
+def _delta_timestamps(cfg: LiberoDataConfig) -> dict[str, list[float]]:
+    frames = [k / cfg.fps for k in range(cfg.num_frames)]
+    deltas = {key: list(frames) for key in cfg.image_keys}
+    deltas[ACTION_KEY] = [k / cfg.fps for k in range(cfg.chunk_length)]
+    return deltas
+
+
+def _select_episodes(meta: LeRobotDatasetMetadata, cfg: LiberoDataConfig) -> list[int] | None:
+    """Episode subset after the optional success filter; ``None`` means every episode."""
+    if not cfg.successful_only:
+        return sorted(set(cfg.episodes)) if cfg.episodes is not None else None
+    candidates = set(cfg.episodes) if cfg.episodes is not None else None
+    rows = meta.episodes.select_columns(["episode_index", "success"])
+    kept = sorted(
+        int(ep)
+        for ep, ok in zip(rows["episode_index"], rows["success"], strict=True)
+        if bool(ok) and (candidates is None or int(ep) in candidates)
+    )
+    if not kept:
+        raise DatasetMismatchError("data.successful_only: no selected episode has success == True")
+    return kept
+
+
+def _complete_chunk_rows(
+    dataset: LeRobotDataset, meta: LeRobotDatasetMetadata, cfg: LiberoDataConfig
+) -> np.ndarray:
+    """Rows whose window t .. t+max(num_frames, chunk_length)-1 stays inside the episode."""
+    lengths = dict(zip(meta.episodes["episode_index"], meta.episodes["length"], strict=True))
+    table = dataset.hf_dataset.data
+    episode = table.column("episode_index").to_numpy()
+    frame = table.column("frame_index").to_numpy()
+    length = np.array([lengths[int(e)] for e in episode], dtype=np.int64)
+    span = max(cfg.num_frames, cfg.chunk_length)
+    return np.flatnonzero(frame + span <= length)
+
+
+def _check_video_files(
+    meta: LeRobotDatasetMetadata, root: Path, episodes: list[int] | None, image_keys: list[str]
+) -> None:
+    """Fail on a missing video file here, since lerobot would try to download it from the hub."""
+    for ep in episodes if episodes is not None else range(meta.total_episodes):
+        for key in image_keys:
+            if key not in meta.video_keys:
+                continue
+            path = root / meta.get_video_file_path(ep, key)
+            if not path.is_file():
+                raise DatasetMismatchError(f"video file of episode {ep}, camera '{key}' is missing: '{path}'")
