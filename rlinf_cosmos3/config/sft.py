@@ -1,0 +1,207 @@
+"""The SFT run config: one dataclass per YAML section, validated once before any worker starts.
+
+Sections mirror the reference recipe (RLinf's ``libero_sft_cosmos3.yaml``): ``cluster``, ``runner``,
+``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. ``validate_sft_config`` checks
+every cross-field rule (batch sizes divide, files exist, the stats file matches the data and model
+settings, GPUs requested exist) and raises :class:`ConfigError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlinf_cosmos3.cluster.config import ClusterConfig
+from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
+from rlinf_cosmos3.data.config import LiberoDataConfig
+
+SUPPORTED_PRECISIONS = ("bf16", "fp32")
+
+
+@dataclass
+class ModelConfig:
+    """``actor.model``: which Cosmos3 diffusers directory to fine-tune and how to hold it."""
+
+    model_path: str = "???"
+    """Diffusers Cosmos3 directory (model_index.json, transformer/, vae/, text_tokenizer/, scheduler/)."""
+    precision: str = "bf16"
+    """Parameter/compute dtype of the trainable transformer on GPU (fp32 master weights in the optimizer
+    are not kept: AdamW states follow the parameter dtype, as FSDP2 mixed precision casts compute)."""
+    load_to_device: bool = False
+    """False: build on CPU/meta and let FSDP2 shard onto the GPUs (never the whole model on one device)."""
+    activation_checkpointing: bool = False
+    ema_enabled: bool = True
+    ema_rate: float = 0.1
+    """Power-EMA exponent (cosmos-framework ``ema: power``, rate 0.1)."""
+    keys_to_select: list[str] | None = None
+    """Train only parameters whose name contains one of these substrings (None: all)."""
+    lr_multipliers: dict[str, float] = field(default_factory=dict)
+    """Substring of a parameter name -> learning-rate multiplier (action heads: 5.0)."""
+    action_normalization: str = "quantile_rot"
+    domain_name: str = "libero"
+    action_horizon: int = 16
+    num_frames: int = 17
+    canvas_height: int = 192
+    canvas_width: int = 320
+    fps: int = 20
+    loss_scale: float = 10.0
+    """Flow-matching loss weight (cosmos-framework LIBERO recipe: ``loss_scale = 10``)."""
+    action_loss_weight: float = 1.0
+    """Weight of the action MSE relative to the vision MSE."""
+
+
+@dataclass
+class OptimConfig:
+    """``actor.optim``: AdamW + the lambda-linear schedule of the reference recipe."""
+
+    lr: float = 5e-5
+    weight_decay: float = 0.05
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_warmup_steps: int = 500
+    total_training_steps: int = 5000
+    min_lr_rate: float = 0.0
+
+
+@dataclass
+class ActorConfig:
+    """``actor``: per-rank batch shape, model and optimiser."""
+
+    micro_batch_size: int = 32
+    global_batch_size: int = 2048
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class RunnerConfig:
+    """``runner``: how long, where the outputs go, how often to log and save."""
+
+    experiment_name: str = "libero_sft_cosmos3"
+    log_path: str = "logs"
+    """Root for checkpoints: ``<log_path>/<experiment_name>/checkpoints/global_step_<N>/``."""
+    max_steps: int = 5000
+    save_interval: int = 500
+    log_interval: int = 10
+    resume_dir: str | None = None
+    """A ``.../checkpoints/global_step_<N>`` directory to continue from exactly."""
+    seed: int = 42
+
+
+@dataclass
+class DataLoaderConfig:
+    """``data``: the LIBERO dataset reader plus DataLoader settings."""
+
+    dataset: LiberoDataConfig = field(default_factory=LiberoDataConfig)
+    num_workers: int = 2
+    prefetch_factor: int = 2
+
+
+@dataclass
+class SFTConfig:
+    """The whole SFT run."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    data: DataLoaderConfig = field(default_factory=DataLoaderConfig)
+
+
+def load_sft_config(raw: Any, *, check_gpus: bool = True) -> SFTConfig:
+    """Typed, validated config from a Hydra/OmegaConf object or plain dict (drops Hydra's own keys)."""
+    if hasattr(raw, "keys") and "hydra" in raw:
+        raw = {k: raw[k] for k in raw if k != "hydra"}
+    cfg = load_structured(SFTConfig, raw)
+    validate_sft_config(cfg, check_gpus=check_gpus)
+    return cfg
+
+
+def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
+    """All cross-field rules of an SFT run; raises :class:`ConfigError` on the first violation."""
+    cfg.cluster.validate("cluster")
+    actor, model, optim, runner = cfg.actor, cfg.actor.model, cfg.actor.optim, cfg.runner
+    world = cfg.cluster.world_size
+
+    # Batch geometry: global = micro x world x accumulation.
+    require(actor.micro_batch_size >= 1, "actor.micro_batch_size", f"must be >= 1, got {actor.micro_batch_size}")
+    per_step = actor.micro_batch_size * world
+    require(
+        actor.global_batch_size % per_step == 0,
+        "actor.global_batch_size",
+        f"{actor.global_batch_size} is not a multiple of micro_batch_size x world_size = "
+        f"{actor.micro_batch_size} x {world} = {per_step}",
+        f"use a multiple of {per_step}, e.g. actor.global_batch_size={max(per_step, actor.global_batch_size // per_step * per_step)}",
+    )
+
+    require(model.precision in SUPPORTED_PRECISIONS, "actor.model.precision",
+            f"unknown precision '{model.precision}'", f"use one of {list(SUPPORTED_PRECISIONS)}")
+    require(0.0 < model.ema_rate, "actor.model.ema_rate", f"must be > 0, got {model.ema_rate}")
+    require(all(v > 0 for v in model.lr_multipliers.values()), "actor.model.lr_multipliers",
+            f"multipliers must be > 0, got {model.lr_multipliers}")
+    require(optim.lr > 0, "actor.optim.lr", f"must be > 0, got {optim.lr}")
+    require(len(optim.betas) == 2 and all(0 <= b < 1 for b in optim.betas), "actor.optim.betas",
+            f"must be two numbers in [0, 1), got {optim.betas}")
+    require(optim.clip_grad > 0, "actor.optim.clip_grad", f"must be > 0, got {optim.clip_grad}")
+    require(0 <= optim.lr_warmup_steps <= optim.total_training_steps, "actor.optim.lr_warmup_steps",
+            f"must be in [0, total_training_steps={optim.total_training_steps}], got {optim.lr_warmup_steps}")
+    require(0.0 <= optim.min_lr_rate <= 1.0, "actor.optim.min_lr_rate", f"must be in [0, 1], got {optim.min_lr_rate}")
+
+    require(runner.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {runner.max_steps}")
+    require(runner.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {runner.save_interval}")
+    require(runner.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {runner.log_interval}")
+    if runner.resume_dir:
+        resume = require_path(runner.resume_dir, "runner.resume_dir", "checkpoint to resume", is_dir=True)
+        require(resume.name.startswith("global_step_"), "runner.resume_dir",
+                f"'{resume}' is not a global_step_<N> directory",
+                "point it at .../checkpoints/global_step_<N>")
+
+    require_path(model.model_path, "actor.model.model_path", "Cosmos3 diffusers model", is_dir=True)
+    require_path(Path(model.model_path) / "model_index.json", "actor.model.model_path",
+                 "model_index.json in the model directory", is_dir=False)
+
+    data = cfg.data.dataset
+    try:
+        data.validate()
+    except ConfigError as err:  # the reader's own schema reports fields relative to its section
+        raise ConfigError(err.field.replace("data.", "data.dataset.", 1), err.problem, err.fix) from err
+    require_path(data.root, "data.dataset.root", "LeRobot dataset", is_dir=True)
+    stats_path = require_path(data.stats_path, "data.dataset.stats_path", "action stats file", is_dir=False)
+    require(cfg.data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {cfg.data.num_workers}")
+
+    # Settings that are part of the model's identity must agree between data and model.
+    pairs = (("fps", data.fps, model.fps), ("num_frames", data.num_frames, model.num_frames),
+             ("chunk_length", data.chunk_length, model.action_horizon),
+             ("normalization", data.normalization, model.action_normalization))
+    for name, data_value, model_value in pairs:
+        require(data_value == model_value, f"data.dataset.{name}",
+                f"{data_value!r} disagrees with the model setting {model_value!r}",
+                "training and evaluation must use the same value: make them equal")
+    _check_stats_metadata(stats_path, data.fps, data.chunk_length)
+
+    if check_gpus and cfg.cluster.use_gpus and cfg.cluster.address is None:
+        available = _local_gpu_count()
+        require(available >= cfg.cluster.num_gpus_per_node, "cluster.num_gpus_per_node",
+                f"requested {cfg.cluster.num_gpus_per_node} GPUs per node but this machine has {available}",
+                "set cluster.num_gpus_per_node=0 to train on CPU, or run on a GPU machine")
+
+
+def _check_stats_metadata(path: Path, fps: int, chunk_length: int) -> None:
+    """The stats file records the fps and chunk length it was computed with; they must match."""
+    try:
+        meta = json.loads(path.read_text()).get("metadata", {})
+    except (OSError, ValueError) as err:
+        raise ConfigError("data.dataset.stats_path", f"cannot read stats file '{path}': {err}") from err
+    for key, expected in (("fps", fps), ("chunk_length", chunk_length)):
+        if key in meta:
+            require(meta[key] == expected, "data.dataset.stats_path",
+                    f"stats in '{path}' were computed with {key}={meta[key]} but the run uses {key}={expected}",
+                    "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
+
+
+def _local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
