@@ -1,0 +1,186 @@
+"""One LIBERO task environment inside the simulator process (.venv-libero, numpy < 2).
+
+Everything that knows LIBERO's and robosuite's APIs lives here, so the server loop only moves
+messages. Imports LIBERO lazily: the module itself needs only numpy, which keeps it importable (and
+its pure helpers testable) from the main environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from rlinf_cosmos3.sim.images import rotate_180
+
+logger = logging.getLogger(__name__)
+
+MAIN_CAMERA = "agentview"
+WRIST_CAMERA = "robot0_eye_in_hand"
+STATE_DIM = 8
+ACTION_DIM = 7
+
+
+class SessionError(RuntimeError):
+    """A command cannot run in the session's current state (e.g. step before make/reset)."""
+
+
+class LiberoSession:
+    """Builds, resets and steps one LIBERO task; formats observations the project's way."""
+
+    def __init__(self) -> None:
+        self._env: Any = None
+        self._init_states: np.ndarray | None = None
+        self._task_language = ""
+        self._has_reset = False
+        self._suite = ""
+        self._task_id = -1
+        self._last_raw: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def make(self, suite: str, task_id: int, camera_height: int = 256, camera_width: int = 256,
+             seed: int = 0, horizon: int = 1000, hard_reset: bool = True) -> dict[str, Any]:
+        """Build the task's OffScreenRenderEnv (closing a previous one) and load its init states."""
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        self.close()
+        benchmarks = benchmark.get_benchmark_dict()
+        if suite not in benchmarks:
+            raise SessionError(f"unknown LIBERO suite {suite!r}; known: {sorted(benchmarks)}")
+        task_suite = benchmarks[suite]()
+        num_tasks = task_suite.get_num_tasks()
+        if not 0 <= task_id < num_tasks:
+            raise SessionError(f"task_id {task_id} out of range for {suite} ({num_tasks} tasks)")
+        task = task_suite.get_task(task_id)
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        self._env = OffScreenRenderEnv(
+            bddl_file_name=bddl,
+            camera_heights=camera_height,
+            camera_widths=camera_width,
+            camera_names=[MAIN_CAMERA, WRIST_CAMERA],
+            horizon=horizon,
+            hard_reset=hard_reset,
+        )
+        self._env.seed(seed)
+        self._init_states = np.asarray(task_suite.get_task_init_states(task_id))
+        self._task_language = str(self._env.language_instruction)
+        self._has_reset = False
+        self._suite, self._task_id = suite, task_id
+        return {
+            "task": self._task_language,
+            "task_name": task.name,
+            "num_init_states": int(len(self._init_states)),
+            "num_tasks": int(num_tasks),
+        }
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._has_reset = False
+
+    def _require_env(self) -> Any:
+        if self._env is None:
+            raise SessionError("no environment: send 'make' first")
+        return self._env
+
+    def _require_reset(self) -> Any:
+        env = self._require_env()
+        if not self._has_reset:
+            raise SessionError("environment not reset: send 'reset' first")
+        return env
+
+    # ------------------------------------------------------------------ observations
+    @staticmethod
+    def format_obs(raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """robosuite observation -> main/wrist images (rotated 180°) and the 8-D state."""
+        from robosuite.utils.transform_utils import quat2axisangle
+
+        axis_angle = quat2axisangle(np.array(raw["robot0_eef_quat"], dtype=np.float64))
+        state = np.concatenate([raw["robot0_eef_pos"], axis_angle, raw["robot0_gripper_qpos"]])
+        return {
+            "main_image": rotate_180(raw[f"{MAIN_CAMERA}_image"]),
+            "wrist_image": rotate_180(raw[f"{WRIST_CAMERA}_image"]),
+            "state": state.astype(np.float32),
+        }
+
+    def reset(self, init_state_id: int) -> dict[str, Any]:
+        """env.reset() then LIBERO's fixed init state number ``init_state_id`` (as LIBERO's eval)."""
+        env = self._require_env()
+        assert self._init_states is not None
+        if not 0 <= init_state_id < len(self._init_states):
+            raise SessionError(f"init_state_id {init_state_id} out of range ({len(self._init_states)} states)")
+        env.reset()
+        raw = env.set_init_state(self._init_states[init_state_id])
+        self._has_reset = True
+        self._last_raw = raw
+        return {**self.format_obs(raw), "task": self._task_language, "success": bool(env.check_success())}
+
+    def raw_observation(self) -> dict[str, np.ndarray]:
+        """The last camera images exactly as robosuite rendered them (not rotated), for checks."""
+        self._require_reset()
+        return {
+            "main_image": np.ascontiguousarray(self._last_raw[f"{MAIN_CAMERA}_image"]),
+            "wrist_image": np.ascontiguousarray(self._last_raw[f"{WRIST_CAMERA}_image"]),
+        }
+
+    # ------------------------------------------------------------------ stepping
+    def _check_action(self, action: np.ndarray) -> np.ndarray:
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (ACTION_DIM,):
+            raise SessionError(f"action must have shape ({ACTION_DIM},), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise SessionError(f"action has non-finite values: {action}")
+        return action
+
+    def step(self, action: np.ndarray) -> dict[str, Any]:
+        """One control step (20 Hz); success is LIBERO's ``check_success``."""
+        env = self._require_reset()
+        raw, reward, done, _info = env.step(self._check_action(action))
+        self._last_raw = raw
+        return {**self.format_obs(raw), "reward": float(reward), "done": bool(done),
+                "success": bool(env.check_success())}
+
+    def chunk_step(self, actions: np.ndarray, stop_on_success: bool = False,
+                   return_frames: bool = False) -> dict[str, Any]:
+        """Run a chunk of actions in one round trip; stops early at ``done`` (horizon) and, if
+        asked, at the first success. Per-step flags cover only the steps actually executed."""
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.ndim != 2 or actions.shape[1] != ACTION_DIM:
+            raise SessionError(f"actions must have shape (K, {ACTION_DIM}), got {actions.shape}")
+        rewards, successes, dones, frames = [], [], [], []
+        out: dict[str, Any] = {}
+        for action in actions:
+            out = self.step(action)
+            rewards.append(out["reward"])
+            successes.append(out["success"])
+            dones.append(out["done"])
+            if return_frames:
+                frames.append((out["main_image"], out["wrist_image"]))
+            if out["done"] or (stop_on_success and out["success"]):
+                break
+        if not out:
+            raise SessionError("chunk_step needs at least one action")
+        reply = {
+            "main_image": out["main_image"], "wrist_image": out["wrist_image"], "state": out["state"],
+            "rewards": np.asarray(rewards, dtype=np.float32),
+            "successes": np.asarray(successes, dtype=bool),
+            "dones": np.asarray(dones, dtype=bool),
+            "num_steps": len(rewards), "success": out["success"], "done": out["done"],
+        }
+        if return_frames:
+            reply["main_images"] = np.stack([f[0] for f in frames])
+            reply["wrist_images"] = np.stack([f[1] for f in frames])
+        return reply
+
+    # ------------------------------------------------------------------ privileged state
+    def privileged(self) -> dict[str, Any]:
+        """Ground-truth scene state for scripted policies: the goal predicates from the parsed
+        BDDL problem, the robot's eef/gripper, every object's and region's pose (quats x,y,z,w)
+        and every object's world-frame collision bounding box."""
+        from rlinf_cosmos3.sim.libero_privileged import collect_privileged
+
+        return collect_privileged(self._require_reset())

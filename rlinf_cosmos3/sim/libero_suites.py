@@ -1,0 +1,24 @@
+"""Per-suite facts shared by demonstration recording and evaluation (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+# Episode step caps of the cosmos/RLinf LIBERO evaluation; a success rate is reported with its cap.
+SUITE_MAX_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+# No-op steps run after a reset so objects settle before the policy acts (LIBERO eval practice).
+NUM_SETTLE_STEPS = 10
+# The no-op command: no motion, gripper open (LIBERO: -1 = open).
+NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+
+
+def suite_max_steps(suite: str) -> int:
+    """The step cap of ``suite``; a clear error for an unknown suite."""
+    try:
+        return SUITE_MAX_STEPS[suite]
+    except KeyError:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; known: {sorted(SUITE_MAX_STEPS)}") from None
