@@ -131,7 +131,12 @@ class RayNodeProcess:
 
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log
-        self.proc = subprocess.Popen([str(RAY_BIN), "start", "--block", "--disable-usage-stats", *args],
+        # Nodes and driver must agree on token auth. Left unset, a head turns it on when
+        # ~/.ray/auth_token exists but a joining node does not, and a driver that joins by address
+        # only uses it when RAY_AUTH_MODE=token was set before ray was imported -- or once a local
+        # ray.init in this process (an earlier test) has set it. So follow this process's mode.
+        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+        self.proc = subprocess.Popen([str(RAY_BIN), "start", "--block", "--disable-usage-stats", *args], env=env,
                                      stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_started(self, timeout_s: float = 120.0) -> None:
@@ -225,12 +230,13 @@ def test_cluster_config_from_yaml_and_validation() -> None:
 
 
 @pytest.fixture(scope="class")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def local_cluster() -> Iterator[Cluster]:
     sid = os.getsid(0)
     before = frozenset(p.split(":")[0] for p in _ray_processes(sid))
     temp_dir = Path(f"/tmp/rc{os.getpid()}_local")
-    # Half a CPU per rank, so the class-wide "summers" group and one more 2-rank group fit on 2 CPUs.
-    cluster = Cluster(ClusterConfig(num_cpus=2, object_store_memory_mb=100, temp_dir=str(temp_dir),
+    # num_gpus=0 keeps this a CPU-only cluster on a GPU host too. Half a CPU per rank, so the
+    # class-wide "summers" group and one more 2-rank group fit on 2 CPUs.
+    cluster = Cluster(ClusterConfig(num_cpus=2, num_gpus=0, object_store_memory_mb=100, temp_dir=str(temp_dir),
                                     num_cpu_ranks_per_node=2, cpus_per_rank=0.5))
     try:
         yield cluster
@@ -325,19 +331,26 @@ class TestLocalCluster:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="declares 2 GPUs that do not exist; CPU hosts only")
 def test_join_existing_cluster_and_leave_it_running(short_tmp: Path) -> None:
+    # The head declares 2 (nonexistent) GPUs, so the one-rank-per-GPU path runs on a CPU host:
+    # Ray must give each rank its own GPU id, and with no CUDA the ranks still fall back to gloo.
     port = _free_port()
-    head = RayNodeProcess(_head_args(port, 2, short_tmp), short_tmp / "head.log")
+    head = RayNodeProcess([*_head_args(port, 2, short_tmp), "--num-gpus", "2"], short_tmp / "head.log")
     left: list[str] = []
     try:
         head.wait_started()
-        cluster = Cluster(ClusterConfig(address=f"127.0.0.1:{port}", num_cpu_ranks_per_node=2))
+        cluster = Cluster(ClusterConfig(address=f"127.0.0.1:{port}", num_gpus_per_node=2))
         try:
-            assert not cluster.owns_ray and cluster.resources().total_cpus == 2
+            res = cluster.resources()
+            assert not cluster.owns_ray and (res.total_cpus, res.total_gpus) == (2, 2)
             with WorkerGroup.for_cluster(Summer, cluster, args=(5,)) as group:
                 assert group.call("all_reduce_rank") == [(0, 3.0, 0), (5, 3.0, 1)]
-                pids = [i["pid"] for i in group.call("node_info")]
-            assert _wait_pids_gone(pids) == []  # the group killed its actors
+                infos = group.call("node_info")
+                assert sorted(i["cuda_visible_devices"] for i in infos) == ["0", "1"]
+                assert [i["gpu_ids"] for i in infos] == [[i["cuda_visible_devices"]] for i in infos]
+                assert [i["local_rank"] for i in infos] == [0, 1]
+            assert _wait_pids_gone([i["pid"] for i in infos]) == []  # the group killed its actors
         finally:
             cluster.shutdown()
         assert head.proc.poll() is None, "disconnecting must leave a joined cluster running"

@@ -130,7 +130,8 @@ class Cluster:
             kwargs["address"] = cfg.address
             return kwargs
         # "local" forces a new private Ray even when RAY_ADDRESS or a running cluster exists.
-        kwargs.update(address="local", include_dashboard=cfg.include_dashboard, num_cpus=cfg.num_cpus)
+        kwargs.update(address="local", include_dashboard=cfg.include_dashboard, num_cpus=cfg.num_cpus,
+                      num_gpus=cfg.num_gpus)
         if cfg.object_store_memory_mb is not None:
             kwargs["object_store_memory"] = cfg.object_store_memory_mb * 1024 * 1024
         if cfg.temp_dir is not None:

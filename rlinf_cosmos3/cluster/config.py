@@ -33,6 +33,8 @@ class ClusterConfig:
     log_to_driver: bool = True
     # The following only apply when Ray is started locally (address is None).
     num_cpus: int | None = None
+    # GPUs the local Ray may hand out (None: all it detects; 0: a CPU-only run on a GPU host).
+    num_gpus: int | None = None
     object_store_memory_mb: int | None = None
     include_dashboard: bool = False
     # Ray's session/socket directory; keep it short (unix socket paths are limited to 107 bytes).
@@ -68,7 +70,8 @@ class ClusterConfig:
             require(self.object_store_memory_mb >= MIN_OBJECT_STORE_MB, f"{root}.object_store_memory_mb",
                     f"Ray needs at least {MIN_OBJECT_STORE_MB} MB, got {self.object_store_memory_mb}")
         if self.address is not None:
-            local_only = {"num_cpus": self.num_cpus, "object_store_memory_mb": self.object_store_memory_mb,
+            local_only = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
+                          "object_store_memory_mb": self.object_store_memory_mb,
                           "temp_dir": self.temp_dir}
             for name, value in local_only.items():
                 require(value is None, f"{root}.{name}",

@@ -87,13 +87,24 @@ class Worker:
         return _env_int("NODE_RANK", 0)
 
     @property
-    def device(self) -> torch.device:
-        """This rank's accelerator, else the CPU.
+    def gpu_ids(self) -> list[str]:
+        """GPUs Ray assigned to this rank (empty for a CPU rank)."""
+        import ray
 
-        Ray sets CUDA_VISIBLE_DEVICES to the GPU(s) it assigned to this actor, so the rank's
-        first GPU is always ``cuda:0`` inside the process, whatever its node-local index.
+        if not ray.is_initialized():
+            return []
+        return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's GPU if Ray assigned it one, else the CPU.
+
+        Decided by Ray's assignment, not by ``torch.cuda.is_available()``: Ray leaves every GPU
+        visible to an actor that asked for none, and a CPU rank on a GPU host must still use gloo.
+        Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU(s), so the rank's first GPU is always
+        ``cuda:0`` inside the process, whatever its node-local index.
         """
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        if self.gpu_ids and torch.cuda.is_available():
             return torch.device("cuda", 0)
         return torch.device("cpu")
 
@@ -109,7 +120,7 @@ class Worker:
         return {
             "rank": self.rank, "node_rank": self.node_rank, "local_rank": self.local_rank,
             "node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+            "gpu_ids": self.gpu_ids,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "device": str(self.device),
         }
