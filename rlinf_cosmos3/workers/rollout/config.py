@@ -1,0 +1,222 @@
+"""The ``rollout.model``, ``rollout.sglang`` and ``rollout.embedded`` config sections.
+
+The model section holds what is part of a trained model's identity (stats file, normalisation
+method, fps, frame count, canvas size, inference steps): a mismatch with training silently ruins
+every action, so the stats file and method have no defaults and ``validate()`` cross-checks the
+stats file's metadata against the settings. The serving sections hold only deployment knobs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
+from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
+from rlinf_cosmos3.config.base import ConfigError, require, require_path
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
+from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT
+from rlinf_cosmos3.paths import sglang_python
+
+ENV_ACTION_DIM = 7
+"""LIBERO's command width: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
+RESPONSE_FORMATS = ("raw", "envelope")
+ENCODINGS = ("msgpack", "json")
+PRECISIONS = ("bf16", "fp32")
+# The VAE compresses time 4x; the action endpoint requires (num_frames - 1) % 4 == 0.
+TEMPORAL_COMPRESSION = 4
+# Spatial VAE factor (16) times the patch size (2) of Cosmos3's DiT.
+CANVAS_MULTIPLE = 16
+
+
+@dataclass
+class RolloutModelConfig:
+    """``rollout.model``: which converted model to run and the settings it was trained with."""
+
+    model_path: str = "???"
+    """Diffusers Cosmos3 directory (``model_index.json``, ``transformer/``, ``text_tokenizer/``, ...)."""
+    action_stats_path: str = "???"
+    """Stats JSON used in training (``libero_native_frame_wise_relative_rot6d.json``)."""
+    action_normalization: str = "???"
+    """Normalisation used in training (``quantile_rot``); required, never guessed."""
+    domain_name: str = "libero"
+    raw_action_dim: int = 10
+    """Model-side width ``[dpos(3), rot6d(6), gripper(1)]``."""
+    action_dim: int = ENV_ACTION_DIM
+    """Env-side width ``[dpos(3), axis-angle(3), gripper(1)]``."""
+    num_action_chunks: int = ACTION_HORIZON
+    """Actions per request (the model's action horizon)."""
+    num_inference_steps: int = 35
+    num_frames: int = 17
+    """Must be ``num_action_chunks + 1`` (the conditioning frame plus one per action)."""
+    height: int = 192
+    width: int = 320
+    fps: int = 20
+    seed: int = 42
+    guidance_scale: float = 1.0
+    """1.0 = no classifier-free guidance (SGLang's action default; diffusers' own default is 6.0)."""
+    view_point: str = VIEW_POINT
+    """Framing sentence of the action caption; the side-by-side canvas is a ``concat_view``."""
+    precision: str = "bf16"
+    """dtype of the embedded backend's pipeline (SGLang picks its own)."""
+
+    def validate(self, root: str = "rollout.model") -> RolloutModelConfig:
+        """Check every field and the stats file; raises :class:`ConfigError` naming the field."""
+        model_dir = require_path(self.model_path if self.model_path != "???" else None, f"{root}.model_path",
+                                 "Cosmos3 diffusers model", is_dir=True)
+        for part in ("model_index.json", "text_tokenizer"):
+            require((model_dir / part).exists(), f"{root}.model_path",
+                    f"'{model_dir}' has no {part}; it is not a converted diffusers directory",
+                    "point it at the model_diffusers directory written by the checkpoint converter")
+        require(self.action_normalization not in ("", "???"), f"{root}.action_normalization",
+                "is required (it must be the method used in training)",
+                f"set it explicitly, one of {list(SUPPORTED_METHODS)}")
+        require(self.action_normalization in SUPPORTED_METHODS, f"{root}.action_normalization",
+                f"unknown method '{self.action_normalization}'", f"use one of {list(SUPPORTED_METHODS)}")
+        stats_path = require_path(self.action_stats_path if self.action_stats_path != "???" else None,
+                                  f"{root}.action_stats_path", "action stats file", is_dir=False)
+        self._check_stats(stats_path, root)
+        try:
+            domain = get_action_domain(self.domain_name)
+        except KeyError as err:
+            raise ConfigError(f"{root}.domain_name", str(err.args[0])) from err
+        require(self.raw_action_dim == domain.raw_action_dim, f"{root}.raw_action_dim",
+                f"{self.raw_action_dim} but domain '{self.domain_name}' predicts {domain.raw_action_dim} channels",
+                f"set it to {domain.raw_action_dim}")
+        require(self.action_dim == ENV_ACTION_DIM, f"{root}.action_dim",
+                f"{self.action_dim} but LIBERO takes {ENV_ACTION_DIM}-D commands", f"set it to {ENV_ACTION_DIM}")
+        require(self.num_action_chunks == ACTION_HORIZON, f"{root}.num_action_chunks",
+                f"{self.num_action_chunks} but the model predicts {ACTION_HORIZON} steps", f"set it to {ACTION_HORIZON}")
+        require(self.num_frames == self.num_action_chunks + 1, f"{root}.num_frames",
+                f"{self.num_frames} but must be num_action_chunks + 1 = {self.num_action_chunks + 1}")
+        require((self.num_frames - 1) % TEMPORAL_COMPRESSION == 0, f"{root}.num_frames",
+                f"num_frames - 1 = {self.num_frames - 1} is not a multiple of {TEMPORAL_COMPRESSION}")
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            require(value > 0 and value % CANVAS_MULTIPLE == 0, f"{root}.{name}",
+                    f"must be a positive multiple of {CANVAS_MULTIPLE}, got {value}")
+        require(self.num_inference_steps >= 1, f"{root}.num_inference_steps",
+                f"must be >= 1, got {self.num_inference_steps}")
+        require(self.fps >= 1, f"{root}.fps", f"must be >= 1, got {self.fps}")
+        require(self.guidance_scale > 0, f"{root}.guidance_scale", f"must be > 0, got {self.guidance_scale}")
+        require(self.precision in PRECISIONS, f"{root}.precision", f"unknown precision '{self.precision}'",
+                f"use one of {list(PRECISIONS)}")
+        return self
+
+    def _check_stats(self, path: Path, root: str) -> None:
+        """The stats file must be valid and computed with this fps and chunk length (when it says so)."""
+        try:
+            meta = load_action_stats(path).get("metadata", {})
+        except (ActionStatsError, OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"{root}.action_stats_path", f"unusable stats file: {err}") from err
+        for key, expected in (("fps", self.fps), ("chunk_length", self.num_action_chunks)):
+            if key in meta:
+                require(meta[key] == expected, f"{root}.action_stats_path",
+                        f"stats in '{path}' were computed with {key}={meta[key]} but the model uses {expected}",
+                        "use the stats file the model was trained with")
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return Path(self.model_path) / "text_tokenizer"
+
+
+@dataclass
+class SGLangConfig:
+    """``rollout.sglang``: how many ``sglang serve`` processes, where, and how the client talks to them."""
+
+    num_servers: int = 1
+    gpus_per_server: int = 1
+    """GPUs per server (CUDA_VISIBLE_DEVICES); 0 runs CPU servers (tests, smoke runs)."""
+    gpu_ids: list[int] | None = None
+    """Node-local GPU ids to hand out, ``gpus_per_server`` per server; None: the first ones."""
+    host: str = "127.0.0.1"
+    base_port: int = 30000
+    """First port tried; each server takes a block of 4 (HTTP, broker, scheduler, master)."""
+    batching_max_size: int = 16
+    """Largest batch one request may carry (``--batching-max-size``); the adapter splits at it."""
+    max_inflight_per_server: int = 2
+    """Requests sent to one server before it has answered (the server queues, it does not merge)."""
+    sleep_on_idle: bool = True
+    """Without it the idle scheduler spins one CPU core per server."""
+    warmup_mode: str = "off"
+    health_timeout_s: float = 600.0
+    http_timeout_s: float = 600.0
+    http_max_retries: int = 5
+    http_retry_backoff_s: float = 1.0
+    """First retry delay; doubled per attempt, capped at http_retry_backoff_max_s."""
+    http_retry_backoff_max_s: float = 30.0
+    max_restarts: int = 3
+    """Restarts allowed per server before the group gives up."""
+    stop_timeout_s: float = 15.0
+    """Grace between SIGTERM and SIGKILL of a server's process group."""
+    response_format: str = "raw"
+    encoding: str = "msgpack"
+    extra_server_args: list[str] = field(default_factory=list)
+    """Appended verbatim to ``sglang serve`` (e.g. ``["--attention-backend", "torch_sdpa"]``)."""
+    python: str | None = None
+    """Interpreter of the SGLang environment; None: ``rlinf_cosmos3.paths.sglang_python()``."""
+    launch_via_ray: bool = False
+    """Start each server from a Ray actor on its GPU node (multi-node) instead of a local subprocess."""
+
+    def validate(self, root: str = "rollout.sglang") -> SGLangConfig:
+        require(self.num_servers >= 1, f"{root}.num_servers", f"must be >= 1, got {self.num_servers}")
+        require(self.gpus_per_server >= 0, f"{root}.gpus_per_server", f"must be >= 0, got {self.gpus_per_server}",
+                "use 0 for CPU servers")
+        if self.gpu_ids is not None:
+            need = self.num_servers * self.gpus_per_server
+            require(len(self.gpu_ids) >= need, f"{root}.gpu_ids",
+                    f"{len(self.gpu_ids)} ids for {self.num_servers} servers x {self.gpus_per_server} GPUs = {need}")
+            require(len(set(self.gpu_ids)) == len(self.gpu_ids), f"{root}.gpu_ids", f"duplicate ids in {self.gpu_ids}")
+        require(self.host.strip() != "", f"{root}.host", "is empty", "use 127.0.0.1 (or 0.0.0.0 for multi-node)")
+        require(1024 <= self.base_port <= 65000, f"{root}.base_port", f"must be in [1024, 65000], got {self.base_port}")
+        require(self.batching_max_size >= 1, f"{root}.batching_max_size", f"must be >= 1, got {self.batching_max_size}")
+        require(self.max_inflight_per_server >= 1, f"{root}.max_inflight_per_server",
+                f"must be >= 1, got {self.max_inflight_per_server}")
+        for name in ("health_timeout_s", "http_timeout_s", "stop_timeout_s"):
+            require(getattr(self, name) > 0, f"{root}.{name}", f"must be > 0, got {getattr(self, name)}")
+        require(self.http_max_retries >= 0, f"{root}.http_max_retries", f"must be >= 0, got {self.http_max_retries}")
+        require(self.http_retry_backoff_s >= 0, f"{root}.http_retry_backoff_s",
+                f"must be >= 0, got {self.http_retry_backoff_s}")
+        require(self.http_retry_backoff_max_s >= self.http_retry_backoff_s, f"{root}.http_retry_backoff_max_s",
+                f"must be >= http_retry_backoff_s ({self.http_retry_backoff_s}), got {self.http_retry_backoff_max_s}")
+        require(self.max_restarts >= 0, f"{root}.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        require(self.response_format in RESPONSE_FORMATS, f"{root}.response_format",
+                f"unknown format '{self.response_format}'", f"use one of {list(RESPONSE_FORMATS)}")
+        require(self.encoding in ENCODINGS, f"{root}.encoding", f"unknown encoding '{self.encoding}'",
+                f"use one of {list(ENCODINGS)}")
+        python = self.interpreter
+        require(python.is_file(), f"{root}.python", f"SGLang interpreter not found at '{python}'",
+                "run requirements/install.sh or point rollout.sglang.python at the SGLang environment's python")
+        require(self.sglang_script.is_file(), f"{root}.python",
+                f"no 'sglang' entry point next to '{python}'", "install sglang into that environment")
+        return self
+
+    @property
+    def interpreter(self) -> Path:
+        return Path(self.python) if self.python else sglang_python()
+
+    @property
+    def sglang_script(self) -> Path:
+        """The ``sglang`` console script of the interpreter's environment."""
+        return self.interpreter.parent / "sglang"
+
+
+@dataclass
+class EmbeddedConfig:
+    """``rollout.embedded``: the diffusers pipeline in Ray actors instead of SGLang servers."""
+
+    num_workers: int = 1
+    gpus_per_worker: int = 1
+    """0 runs the pipeline on CPU."""
+    cpus_per_worker: float = 1.0
+    max_inflight_per_worker: int = 2
+
+    def validate(self, root: str = "rollout.embedded") -> EmbeddedConfig:
+        require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")
+        require(self.gpus_per_worker in (0, 1), f"{root}.gpus_per_worker",
+                f"must be 0 (CPU) or 1, got {self.gpus_per_worker}", "the pipeline runs on one device")
+        require(self.cpus_per_worker > 0, f"{root}.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
+        require(self.max_inflight_per_worker >= 1, f"{root}.max_inflight_per_worker",
+                f"must be >= 1, got {self.max_inflight_per_worker}")
+        return self
