@@ -73,6 +73,8 @@ class WorkerGroup(Generic[W]):
         self._inflight: list[ray.ObjectRef] = []
         self._pg: PlacementGroup | None = None
         self._distributed = False
+        # Node id of each node rank (placement-group bundle), for logs and placement checks.
+        self.node_ids: list[str] = []
         try:
             self._pg = reserve(self.plan, cluster.config.placement_timeout_s, name=self.name)
             self.node_ids = bundle_node_ids(self._pg)
