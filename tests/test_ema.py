@@ -41,7 +41,7 @@ def _rank_entry(rank: int, world_size: int, store: str, fn, args: tuple) -> None
         init_method=f"file://{store}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=120),
     )
     try:
         fn(rank, world_size, *args)

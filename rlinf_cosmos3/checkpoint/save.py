@@ -1,0 +1,235 @@
+"""Atomic, collective checkpoint save: export weights plus the full resume state.
+
+Every rank calls :func:`save_checkpoint` with the same arguments. The save writes into
+``global_step_<N>.tmp-<uuid>``; only when every rank reports success does rank 0 write the
+``COMPLETE`` marker and rename the directory to ``global_step_<N>``. A failure on any rank raises
+:class:`CheckpointError` on all ranks and removes the temp dir; a killed process leaves only the
+temp dir, which readers ignore and the next save deletes. The checkpoint directory must be on a
+filesystem every rank sees (one node, or a shared filesystem across nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+from torch.optim.lr_scheduler import LRScheduler
+
+from rlinf_cosmos3.checkpoint import _dist
+from rlinf_cosmos3.checkpoint.layout import (
+    COMPLETE_MARKER,
+    DCP_DIR,
+    SCHEDULER_FILE,
+    TRAINER_STATE_FILE,
+    actor_dir,
+    clean_stale_temp_dirs,
+    full_weights_path,
+    is_complete_checkpoint,
+    rng_path,
+    step_dir_name,
+)
+from rlinf_cosmos3.checkpoint.rng import capture_rng_state
+from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
+from rlinf_cosmos3.workers.actor.ema import PowerEMA
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; raised on every rank."""
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+def _capture(action: Callable[[], None], what: str) -> str | None:
+    """Run a rank-local step; return its error text instead of raising, so all ranks can agree."""
+    try:
+        action()
+    except Exception as err:
+        logger.exception("checkpoint %s failed on rank %d", what, _dist.rank())
+        return _describe(err)
+    return None
+
+
+def _raise_if_any_failed(local_error: str | None, what: str) -> None:
+    """Collective: raise the same :class:`CheckpointError` on every rank if any rank failed."""
+    failures = [(r, e) for r, e in enumerate(_dist.all_gather(local_error)) if e is not None]
+    if failures:
+        detail = "; ".join(f"rank {r}: {e}" for r, e in failures)
+        raise CheckpointError(f"checkpoint {what} failed ({detail})")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _prepare(ckpt_dir: Path, final: Path, overwrite: bool) -> Path:
+    """Rank 0: clean stale temp dirs, refuse to clobber a complete step, create the temp dir."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale_temp_dirs(ckpt_dir)
+    if is_complete_checkpoint(final) and not overwrite:
+        raise CheckpointError(
+            f"{final} already holds a complete checkpoint; pass overwrite=True to replace it"
+        )
+    tmp = ckpt_dir / f"{final.name}.tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    return tmp
+
+
+def _publish(tmp: Path, final: Path, marker: dict[str, Any]) -> None:
+    """Rank 0: write the COMPLETE marker, then rename the temp dir into place."""
+    marker_path = tmp / COMPLETE_MARKER
+    with open(marker_path, "w") as fh:
+        json.dump(marker, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    old = None
+    if final.exists():
+        # Either overwrite=True on a complete step, or a directory with the right name but no
+        # marker (not a checkpoint). Move it aside first: os.rename cannot replace a non-empty dir.
+        old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex}")
+        logger.warning("replacing existing %s", final)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _write_local(
+    tmp: Path,
+    trainer_state: TrainerState,
+    scheduler: LRScheduler | None,
+    full_state: dict[str, torch.Tensor] | None,
+    ema_full_state: dict[str, torch.Tensor] | None,
+) -> None:
+    """Files each rank writes alone: RNG on every rank; weights, scheduler and progress on rank 0."""
+    rank = _dist.rank()
+    path = rng_path(tmp, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(capture_rng_state(), path)
+    if rank != 0:
+        return
+    actor = actor_dir(tmp)
+    if full_state is not None:
+        full_weights_path(tmp).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(full_state, full_weights_path(tmp))
+    if ema_full_state is not None:
+        torch.save(ema_full_state, full_weights_path(tmp, ema=True))
+    if scheduler is not None:
+        torch.save(scheduler.state_dict(), actor / SCHEDULER_FILE)
+    trainer_state.write(actor / TRAINER_STATE_FILE)
+
+
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    trainer_state: TrainerState,
+    scheduler: LRScheduler | None = None,
+    ema: PowerEMA | None = None,
+    *,
+    overwrite: bool = False,
+    save_full_weights: bool = True,
+) -> Path:
+    """Write ``<ckpt_dir>/global_step_<trainer_state.global_step>`` atomically; return its path.
+
+    Collective: all ranks call it. Contents (see :mod:`rlinf_cosmos3.checkpoint.layout`):
+    ``full_weights.pt`` (the consolidated model state dict, dtypes as trained, keys of
+    ``get_model_state_dict`` = the model's ``state_dict()`` keys without wrapper segments),
+    ``full_weights_ema.pt`` when ``ema`` is enabled, and the resume state — sharded model,
+    optimizer and EMA shadow via torch.distributed.checkpoint, the scheduler, ``trainer_state``
+    and every rank's RNG. Rank 0 holds the consolidated weights (and the fp32 EMA) in CPU memory
+    while writing them; pass ``save_full_weights=False`` to skip the export.
+    """
+    started = time.monotonic()
+    ckpt_dir = Path(ckpt_dir)
+    final = ckpt_dir / step_dir_name(trainer_state.global_step)
+    use_ema = ema is not None and ema.enabled
+
+    plan: dict[str, str] = {}
+    if _dist.rank() == 0:
+        try:
+            plan = {"tmp": str(_prepare(ckpt_dir, final, overwrite))}
+        except Exception as err:
+            logger.exception("cannot start checkpoint %s", final)
+            plan = {"error": _describe(err)}
+    plan = _dist.broadcast_from_rank0(plan)
+    if "error" in plan:
+        raise CheckpointError(f"cannot save {final}: {plan['error']}")
+    tmp = Path(plan["tmp"])
+
+    try:
+        # Collective part. torch.distributed.checkpoint agrees on failures itself (it gathers
+        # every rank's exception and raises on all of them).
+        if optimizer is not None:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            resume_state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+        else:
+            resume_state = {"model": get_model_state_dict(model)}
+        if use_ema:
+            resume_state["ema"] = ema.state_dict()
+        try:
+            with _dist.single_process_quiet():
+                dcp.save(
+                    resume_state, checkpoint_id=actor_dir(tmp) / DCP_DIR, no_dist=not _dist.initialized()
+                )
+        except CheckpointException as err:
+            raise CheckpointError(f"sharded save of {final.name} failed: {err}") from err
+        del resume_state
+
+        full_state = ema_full_state = None
+        if save_full_weights:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            full_state = get_model_state_dict(model, options=options)
+            if use_ema:
+                ema_full_state = ema.full_state_dict(full_state)
+            if _dist.rank() != 0:
+                full_state = ema_full_state = None
+
+        write = functools.partial(_write_local, tmp, trainer_state, scheduler, full_state, ema_full_state)
+        full_state = ema_full_state = None
+        error = _capture(write, "write")
+        del write  # frees rank 0's consolidated copies before the collective below
+        _raise_if_any_failed(error, f"write of {final.name}")
+
+        marker = {
+            "format_version": FORMAT_VERSION,
+            "global_step": trainer_state.global_step,
+            "world_size": _dist.world_size(),
+            "ema": use_ema,
+            "full_weights": save_full_weights,
+            "optimizer": optimizer is not None,
+            "scheduler": scheduler is not None,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        error = _capture(lambda: _publish(tmp, final, marker), "publish") if _dist.rank() == 0 else None
+        _raise_if_any_failed(error, f"publish of {final.name}")
+    except BaseException:
+        if _dist.rank() == 0 and tmp.exists():
+            logger.warning("removing incomplete checkpoint %s", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
+    return final
