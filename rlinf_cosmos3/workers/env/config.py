@@ -1,0 +1,116 @@
+"""The ``env.eval`` config section: which LIBERO episodes to evaluate and how the envs are laid out.
+
+Episode budget convention (cosmos-framework's ``closed_loop_eval``): ``max_episode_steps`` counts
+every simulator step after the reset, *including* the ``num_settle_steps`` no-op steps, so with the
+libero_spatial cap 220 and 10 settle steps the policy acts for at most 210 steps. A success rate is
+always reported together with its cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlinf_cosmos3.config.base import require
+from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, SUITE_MAX_STEPS
+
+# Tasks per suite and fixed init states per task, as shipped by LIBERO (rlinf-libero 0.1.3).
+SUITE_NUM_TASKS: dict[str, int] = {
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
+}
+NUM_INIT_STATES = 50
+# LIBERO controls the robot at 20 Hz; videos play in real time at this rate.
+CONTROL_FPS = 20
+
+
+@dataclass
+class EnvEvalConfig:
+    """``env.eval``: suite, episodes, env layout, episode budget, videos and simulator timeouts."""
+
+    suite: str = "libero_spatial"
+    task_ids: list[int] | None = None
+    """Tasks to evaluate; None = every task of the suite."""
+    trials_per_task: int = NUM_INIT_STATES
+    """Episodes per task, one per LIBERO fixed init state ``0..trials_per_task-1`` (trial id = init state id)."""
+    total_num_envs: int = 1
+    """``E``: simulator processes over all env workers and pipeline stages."""
+    num_workers: int = 1
+    """``W``: env worker actors; each holds ``pipeline_stage_num`` groups of ``E/(W*S)`` envs."""
+    max_episode_steps: int | None = None
+    """Step cap including the settle steps; None = the suite's cosmos-framework default."""
+    num_settle_steps: int = NUM_SETTLE_STEPS
+    """No-op steps (``[0,0,0,0,0,0,-1]``) after each reset so objects settle; not policy steps."""
+    stop_on_success: bool = True
+    """End an episode at its first successful step (the reference eval); else run to the cap."""
+    image_size: int = 256
+    """Height and width of both cameras."""
+    seed: int = 0
+    """Seed handed to every LIBERO env when it is built."""
+    save_video: bool = False
+    video_dir: str | None = None
+    video_fps: int = CONTROL_FPS
+    sim_timeout_s: float = 300.0
+    """Longest wait for one simulator reply (a whole action chunk) before the process counts as hung."""
+    sim_startup_timeout_s: float = 120.0
+    max_episode_retries: int = 2
+    """Re-runs of an episode whose simulator process crashed, before it is reported with ``error``."""
+
+    # ------------------------------------------------------------------ derived values
+    def resolved_max_episode_steps(self) -> int:
+        return self.max_episode_steps if self.max_episode_steps is not None else SUITE_MAX_STEPS[self.suite]
+
+    def resolved_task_ids(self) -> list[int]:
+        return list(self.task_ids) if self.task_ids is not None else list(range(SUITE_NUM_TASKS[self.suite]))
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.resolved_task_ids()) * self.trials_per_task
+
+    def envs_per_stage(self, pipeline_stage_num: int) -> int:
+        """``E / (W * S)``: envs in one pipeline stage of one worker."""
+        return self.total_num_envs // (self.num_workers * pipeline_stage_num)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, pipeline_stage_num: int = 1, root: str = "env.eval",
+                 stage_field: str = "rollout.pipeline_stage_num") -> EnvEvalConfig:
+        """Check every field (and ``E % (W*S) == 0``) before any simulator starts."""
+        require(self.suite in SUITE_MAX_STEPS, f"{root}.suite", f"unknown LIBERO suite {self.suite!r}",
+                f"use one of {sorted(SUITE_MAX_STEPS)}")
+        num_tasks = SUITE_NUM_TASKS[self.suite]
+        if self.task_ids is not None:
+            ids = list(self.task_ids)
+            require(len(ids) > 0, f"{root}.task_ids", "is empty", "leave it null to evaluate every task")
+            require(len(set(ids)) == len(ids), f"{root}.task_ids", f"has duplicates: {ids}",
+                    "list each task once (each (task, init state) is evaluated exactly once)")
+            bad = [t for t in ids if not 0 <= int(t) < num_tasks]
+            require(not bad, f"{root}.task_ids", f"{bad} out of range for {self.suite} ({num_tasks} tasks)",
+                    f"use ids in 0..{num_tasks - 1}")
+        require(1 <= self.trials_per_task <= NUM_INIT_STATES, f"{root}.trials_per_task",
+                f"must be in 1..{NUM_INIT_STATES} (LIBERO's fixed init states per task), got {self.trials_per_task}")
+        require(self.total_num_envs >= 1, f"{root}.total_num_envs", f"must be >= 1, got {self.total_num_envs}")
+        require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")
+        require(pipeline_stage_num >= 1, stage_field, f"must be >= 1, got {pipeline_stage_num}")
+        groups = self.num_workers * pipeline_stage_num
+        require(self.total_num_envs % groups == 0, f"{root}.total_num_envs",
+                f"{self.total_num_envs} envs cannot be split evenly over {root}.num_workers={self.num_workers} "
+                f"x {stage_field}={pipeline_stage_num} env groups",
+                f"make {root}.total_num_envs a multiple of {groups}")
+        require(self.num_settle_steps >= 0, f"{root}.num_settle_steps", f"must be >= 0, got {self.num_settle_steps}")
+        cap = self.resolved_max_episode_steps()
+        require(cap > self.num_settle_steps, f"{root}.max_episode_steps",
+                f"cap {cap} leaves no policy step after {self.num_settle_steps} settle steps "
+                "(the cap counts the settle steps)", f"set it above {self.num_settle_steps}")
+        require(self.image_size >= 16, f"{root}.image_size", f"must be >= 16, got {self.image_size}")
+        if self.save_video:
+            require(bool(self.video_dir), f"{root}.video_dir", "is required when save_video is true",
+                    f"set {root}.video_dir=/path/to/videos or save_video=false")
+        require(self.video_fps > 0, f"{root}.video_fps", f"must be > 0, got {self.video_fps}")
+        require(self.sim_timeout_s > 0, f"{root}.sim_timeout_s", f"must be > 0, got {self.sim_timeout_s}")
+        require(self.sim_startup_timeout_s > 0, f"{root}.sim_startup_timeout_s",
+                f"must be > 0, got {self.sim_startup_timeout_s}")
+        require(self.max_episode_retries >= 0, f"{root}.max_episode_retries",
+                f"must be >= 0, got {self.max_episode_retries}")
+        return self

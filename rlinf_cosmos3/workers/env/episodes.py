@@ -1,0 +1,94 @@
+"""Which (task, init state) episodes exist and which env slot runs each of them; pure functions.
+
+Every episode is assigned to exactly one slot, so it is evaluated exactly once however ``E`` relates
+to the episode count. Episodes are listed task-major and each slot takes one contiguous block (the
+first ``n % E`` slots one episode more), so a slot rebuilds its LIBERO env only when its block
+crosses into the next task. Slots whose block is empty stay idle (padding).
+
+Global slot ids interleave workers, then stages: slot ``g`` lives on worker ``g % W``, stage
+``(g // W) % S``, position ``g // (W*S)`` in that stage. Consecutive slots -- which get the larger
+blocks, and are the busy ones when there are fewer episodes than envs -- are therefore spread over
+all workers and stages instead of piling onto the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class Episode(NamedTuple):
+    """One evaluation episode: a task and a LIBERO fixed init state (``trial_id`` = init state id)."""
+
+    task_id: int
+    trial_id: int
+
+
+class SlotAddress(NamedTuple):
+    """Where a global slot lives: env worker rank, pipeline stage, position within the stage."""
+
+    worker: int
+    stage: int
+    index: int
+
+
+def list_episodes(task_ids: Sequence[int], trials_per_task: int) -> list[Episode]:
+    """Every (task, init state ``0..trials_per_task-1``) pair, task-major, in a fixed order."""
+    if trials_per_task < 1:
+        raise ValueError(f"trials_per_task must be >= 1, got {trials_per_task}")
+    if len(set(task_ids)) != len(task_ids):
+        raise ValueError(f"duplicate task ids: {list(task_ids)}")
+    return [Episode(int(t), i) for t in task_ids for i in range(trials_per_task)]
+
+
+def assign_episodes(episodes: Sequence[Episode], num_slots: int) -> list[list[Episode]]:
+    """Split ``episodes`` into ``num_slots`` contiguous blocks whose sizes differ by at most one."""
+    if num_slots < 1:
+        raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+    base, extra = divmod(len(episodes), num_slots)
+    blocks, start = [], 0
+    for slot in range(num_slots):
+        size = base + (1 if slot < extra else 0)
+        blocks.append(list(episodes[start:start + size]))
+        start += size
+    return blocks
+
+
+def _check_layout(total_num_envs: int, num_workers: int, num_stages: int) -> int:
+    if num_workers < 1 or num_stages < 1:
+        raise ValueError(f"need >= 1 worker and stage, got {num_workers} workers, {num_stages} stages")
+    groups = num_workers * num_stages
+    if total_num_envs < 1 or total_num_envs % groups:
+        raise ValueError(f"total_num_envs={total_num_envs} is not a positive multiple of "
+                         f"num_workers x pipeline_stage_num = {groups}")
+    return total_num_envs // groups
+
+
+def slot_address(slot_id: int, num_workers: int, num_stages: int) -> SlotAddress:
+    """Global slot id -> (worker, stage, index); see the module docstring."""
+    if slot_id < 0:
+        raise ValueError(f"slot ids are >= 0, got {slot_id}")
+    return SlotAddress(slot_id % num_workers, (slot_id // num_workers) % num_stages,
+                       slot_id // (num_workers * num_stages))
+
+
+def global_slot_id(address: SlotAddress, num_workers: int, num_stages: int) -> int:
+    """Inverse of :func:`slot_address`."""
+    return (address.index * num_stages + address.stage) * num_workers + address.worker
+
+
+def stage_slot_ids(worker: int, stage: int, total_num_envs: int, num_workers: int, num_stages: int) -> list[int]:
+    """Global ids of the ``E/(W*S)`` slots of one worker's stage, by position in the stage."""
+    per_stage = _check_layout(total_num_envs, num_workers, num_stages)
+    if not (0 <= worker < num_workers and 0 <= stage < num_stages):
+        raise ValueError(f"worker {worker} / stage {stage} outside {num_workers} workers x {num_stages} stages")
+    return [global_slot_id(SlotAddress(worker, stage, i), num_workers, num_stages) for i in range(per_stage)]
+
+
+def worker_plan(episodes: Sequence[Episode], total_num_envs: int, num_workers: int, num_stages: int,
+                worker: int) -> list[list[tuple[int, list[Episode]]]]:
+    """For each stage of ``worker``: ``(global slot id, its episodes in order)`` per slot position."""
+    _check_layout(total_num_envs, num_workers, num_stages)
+    blocks = assign_episodes(episodes, total_num_envs)
+    return [[(g, blocks[g]) for g in stage_slot_ids(worker, s, total_num_envs, num_workers, num_stages)]
+            for s in range(num_stages)]

@@ -1,0 +1,111 @@
+"""``env.eval`` config validation and the task prompt (checked against LIBERO itself)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlinf_cosmos3 import paths
+from rlinf_cosmos3.config.base import ConfigError, load_structured
+from rlinf_cosmos3.sim.client import simulator_env
+from rlinf_cosmos3.workers.env.config import SUITE_NUM_TASKS, EnvEvalConfig
+from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply, task_language
+
+
+def test_defaults_follow_the_cosmos_caps_and_all_tasks() -> None:
+    caps = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+    for suite, cap in caps.items():
+        cfg = EnvEvalConfig(suite=suite).validate()
+        assert cfg.resolved_max_episode_steps() == cap
+        assert cfg.resolved_task_ids() == list(range(SUITE_NUM_TASKS[suite]))
+        assert cfg.num_episodes == SUITE_NUM_TASKS[suite] * 50
+    cfg = EnvEvalConfig()
+    assert (cfg.num_settle_steps, cfg.image_size, cfg.stop_on_success, cfg.save_video) == (10, 256, True, False)
+    assert EnvEvalConfig(max_episode_steps=32, task_ids=[3], trials_per_task=2).validate().num_episodes == 2
+
+
+def test_yaml_section_loads_into_the_schema() -> None:
+    yaml = OmegaConf.create({"suite": "libero_goal", "task_ids": [0, 2], "trials_per_task": 5,
+                             "total_num_envs": 8, "num_workers": 2, "max_episode_steps": 64})
+    cfg = load_structured(EnvEvalConfig, yaml, root="env.eval").validate(pipeline_stage_num=2)
+    assert cfg.task_ids == [0, 2] and cfg.envs_per_stage(2) == 2 and cfg.resolved_max_episode_steps() == 64
+    with pytest.raises(ConfigError, match="env.eval.total_num_env"):
+        load_structured(EnvEvalConfig, {"total_num_env": 3}, root="env.eval")
+
+
+def test_divisibility_error_names_every_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig(total_num_envs=6, num_workers=2).validate(pipeline_stage_num=2)
+    message = str(info.value)
+    for name in ("env.eval.total_num_envs", "env.eval.num_workers=2", "rollout.pipeline_stage_num=2",
+                 "multiple of 4"):
+        assert name in message
+
+
+@pytest.mark.parametrize(("kwargs", "field", "text"), [
+    ({"suite": "libero_100"}, "env.eval.suite", "unknown LIBERO suite"),
+    ({"task_ids": [0, 10]}, "env.eval.task_ids", "[10] out of range"),
+    ({"task_ids": [1, 1]}, "env.eval.task_ids", "duplicates"),
+    ({"task_ids": []}, "env.eval.task_ids", "is empty"),
+    ({"trials_per_task": 51}, "env.eval.trials_per_task", "1..50"),
+    ({"trials_per_task": 0}, "env.eval.trials_per_task", "1..50"),
+    ({"total_num_envs": 0}, "env.eval.total_num_envs", ">= 1"),
+    ({"num_workers": 0}, "env.eval.num_workers", ">= 1"),
+    ({"max_episode_steps": 10}, "env.eval.max_episode_steps", "no policy step"),
+    ({"num_settle_steps": -1}, "env.eval.num_settle_steps", ">= 0"),
+    ({"save_video": True}, "env.eval.video_dir", "required when save_video"),
+    ({"sim_timeout_s": 0.0}, "env.eval.sim_timeout_s", "> 0"),
+    ({"max_episode_retries": -1}, "env.eval.max_episode_retries", ">= 0"),
+])
+def test_invalid_values_name_their_field(kwargs: dict, field: str, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig(**kwargs).validate()
+    assert info.value.field == field
+    assert text in str(info.value)
+
+
+def test_pipeline_stage_num_is_validated_under_its_own_name() -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig().validate(pipeline_stage_num=0)
+    assert info.value.field == "rollout.pipeline_stage_num"
+
+
+def test_task_language_follows_libero_rule_on_known_names() -> None:
+    assert task_language("pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate") == \
+        "pick up the black bowl between the plate and the ramekin and place it on the plate"
+    assert task_language("KITCHEN_SCENE3_turn_on_the_stove") == "turn on the stove"
+    assert task_language("LIVING_ROOM_SCENE10_put_the_mug_on_the_plate") == "put the mug on the plate"
+    # a bridge that reports task.language itself wins over the derivation
+    assert prompt_from_make_reply({"language": "x y", "task_name": "a_b"}) == "x y"
+    assert prompt_from_make_reply({"task_name": "a_b", "task": "not this"}) == "a b"
+    with pytest.raises(ValueError, match="names no SCENE"):
+        task_language("Open_the_drawer")
+
+
+@pytest.mark.libero
+def test_task_language_matches_libero_for_every_task_of_every_suite() -> None:
+    """The prompt derived from the bridge's task name equals LIBERO's own ``task.language`` (the
+    prompt both reference evaluations use) for all 130 tasks; LIBERO runs in its own environment."""
+    code = textwrap.dedent("""
+        import json
+        from libero.libero import benchmark
+        suites = benchmark.get_benchmark_dict()
+        out = {}
+        import sys
+        for name in sys.argv[1:]:
+            suite = suites[name]()
+            out[name] = [[suite.get_task(i).name, suite.get_task(i).language] for i in range(suite.get_num_tasks())]
+        print("JSON" + json.dumps(out))
+    """)
+    proc = subprocess.run([str(paths.libero_python()), "-c", code, *sorted(SUITE_NUM_TASKS)], capture_output=True, text=True, timeout=300,
+                          env=simulator_env(), check=True)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("JSON"))
+    tasks = json.loads(line[4:])
+    assert {k: len(v) for k, v in tasks.items()} == SUITE_NUM_TASKS
+    for suite, pairs in tasks.items():
+        for name, language in pairs:
+            assert task_language(name) == language, (suite, name)
