@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 import ray
 import torch
@@ -92,18 +91,38 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _cmdline(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a killed child can linger as one until its parent reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _ray_processes(sid: int) -> list[str]:
     """Ray's processes (raylet, gcs_server, ray:: workers, its python daemons) in session ``sid``."""
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
         try:
-            if proc.pid == os.getpid() or os.getsid(proc.pid) != sid:
+            if os.getsid(pid) != sid:
                 continue
         except (ProcessLookupError, PermissionError):
             continue
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if any(tag in cmd for tag in ("raylet", "gcs_server", "ray::", "/ray/", "-m ray.", "bin/ray ")):
-            found.append(f"{proc.pid}: {cmd[:120]}")
+        cmd = _cmdline(pid)
+        if cmd and _alive(pid) and any(
+                tag in cmd for tag in ("raylet", "gcs_server", "ray::", "/ray/", "-m ray.", "bin/ray ")):
+            found.append(f"{pid}: {cmd[:120]}")
     return found
 
 
@@ -118,12 +137,11 @@ def _wait_gone(sid: int, timeout_s: float = 30.0, exclude: frozenset[str] = froz
 
 def _wait_pids_gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return []
+    while True:
+        alive = [p for p in pids if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
         time.sleep(0.3)
-    return alive
 
 
 class RayNodeProcess:
