@@ -53,15 +53,17 @@ def create_run_dir(base: str | Path, config_name: str, log_name: str, *, stamp: 
 
 
 def setup_run_logging(run_dir: RunDir, level: int = logging.INFO) -> None:
-    """Send our loggers to the run's log file and to the console, one format for both."""
+    """Send every logger to the run's log file and to the console, one format for both.
+
+    Entry points own the root logger: handlers installed earlier (a library's ``basicConfig``,
+    Hydra's defaults) are replaced, so each line appears once.
+    """
     formatter = logging.Formatter(LOG_FORMAT)
     root = logging.getLogger()
     root.setLevel(level)
     for handler in list(root.handlers):
-        if getattr(handler, "_rlinf_cosmos3", False):
-            root.removeHandler(handler)
-            handler.close()
+        root.removeHandler(handler)
+        handler.close()
     for handler in (logging.FileHandler(run_dir.log_file), logging.StreamHandler(sys.stdout)):
         handler.setFormatter(formatter)
-        handler._rlinf_cosmos3 = True  # type: ignore[attr-defined]
         root.addHandler(handler)
