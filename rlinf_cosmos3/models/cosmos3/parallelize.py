@@ -1,0 +1,105 @@
+"""FSDP2 sharding of the Cosmos3 transformer, as one pure function (torchtitan style).
+
+``parallelize(model, mesh, cfg)`` applies, in this order:
+
+1. activation checkpointing (optional): diffusers' own ``enable_gradient_checkpointing``, which
+   wraps each decoder layer's call in non-reentrant ``torch.utils.checkpoint`` - per layer, like
+   torchtitan's ``checkpoint_wrapper``, but without renaming parameters (checkpoint keys stay the
+   diffusers names);
+2. ``fully_shard`` on the modules diffusers keeps in fp32 (``_keep_in_fp32_modules``:
+   ``time_embedder``) with an fp32 policy, so under bf16 training they compute in fp32 exactly as
+   at inference;
+3. ``fully_shard`` on each decoder layer, then on the transformer root.
+
+Only the transformer is touched; a policy's frozen VAE stays a plain, replicated module. With
+``precision="bf16"`` parameters stay fp32 in the shards (the optimizer's master weights) and are
+gathered as bf16 for compute, gradients reduced in fp32. The root does not cast its inputs:
+position ids (float, fps-modulated) and timesteps must stay fp32, as the diffusers pipeline
+passes them; the caller hands the noisy tokens in the compute dtype, as the pipeline does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """``"bf16"``/``"fp32"`` -> torch dtype; the error lists the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+@dataclass(frozen=True)
+class ParallelizeConfig:
+    """How to shard: compute precision, activation checkpointing, resharding after forward."""
+
+    precision: str = "fp32"
+    """``bf16``: bf16 compute with fp32 sharded parameters and fp32 gradient reduction (GPU);
+    ``fp32``: no mixed precision (CPU, tests)."""
+    activation_checkpointing: bool = False
+    reshard_after_forward: bool = True
+    """Free gathered parameters after each forward (ZeRO-3); False keeps them until backward."""
+
+    def __post_init__(self) -> None:
+        precision_dtype(self.precision)
+
+
+def _transformer_of(model: nn.Module) -> nn.Module:
+    """The transformer inside a policy (``model.transformer``), or the model itself."""
+    transformer = getattr(model, "transformer", model)
+    if not hasattr(transformer, "layers"):
+        raise TypeError(f"{type(model).__name__} has no decoder `layers` to shard")
+    return transformer
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh | None, cfg: ParallelizeConfig) -> nn.Module:
+    """Shard ``model``'s transformer over ``mesh`` (in place, like ``fully_shard``) and return ``model``.
+
+    ``mesh`` None: one process, nothing is sharded (only activation checkpointing applies).
+    Parameters may still be on the meta device; materialise and load them afterwards with
+    :func:`rlinf_cosmos3.models.cosmos3.loading.load_transformer_weights`.
+    """
+    transformer = _transformer_of(model)
+    if cfg.activation_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    if mesh is None:
+        return model
+
+    compute = precision_dtype(cfg.precision)
+    mixed = compute != torch.float32
+    layer_policy = (
+        MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
+    )
+    root_policy = MixedPrecisionPolicy(
+        param_dtype=compute if mixed else None,
+        reduce_dtype=torch.float32 if mixed else None,
+        cast_forward_inputs=False,
+    )
+    fp32_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+
+    for name in getattr(transformer, "_keep_in_fp32_modules", None) or []:
+        module = getattr(transformer, name, None)
+        if isinstance(module, nn.Module):
+            fully_shard(module, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=fp32_policy)
+    for layer in transformer.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=layer_policy)
+    fully_shard(transformer, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=root_policy)
+    logger.info(
+        "FSDP2: %d decoder layers + root sharded over %d ranks (precision %s, activation checkpointing %s)",
+        len(transformer.layers),
+        mesh.size(),
+        cfg.precision,
+        cfg.activation_checkpointing,
+    )
+    return model
