@@ -87,8 +87,9 @@ def run_on_ranks(tmp_path: Path, fn, *args, world_size: int = 2) -> None:
 
 def _build(seed: int, sharded: bool, dtype: torch.dtype = torch.float32):
     """Model (FSDP2 per layer then root when ``sharded``), optimizer, scheduler, EMA — as a fresh run."""
-    torch.manual_seed(seed)
-    model = Toy().to(dtype)
+    with torch.random.fork_rng():  # the weights come from ``seed``; the caller's RNG streams go on
+        torch.manual_seed(seed)
+        model = Toy().to(dtype)
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
