@@ -42,7 +42,7 @@ def _tiny(paths: dict[str, str], *extra: str) -> list[str]:
 def test_tiny_config_is_valid(paths) -> None:
     cfg = load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths)))
     assert cfg.cluster.world_size == 2 and cfg.actor.global_batch_size == 4
-    assert cfg.actor.model.lr_multipliers["llm2action"] == 5.0
+    assert cfg.actor.model.lr_multipliers["action_proj_out"] == 5.0
 
 
 def test_reference_recipe_values(paths) -> None:

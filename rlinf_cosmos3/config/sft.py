@@ -145,8 +145,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(len(optim.betas) == 2 and all(0 <= b < 1 for b in optim.betas), "actor.optim.betas",
             f"must be two numbers in [0, 1), got {optim.betas}")
     require(optim.clip_grad > 0, "actor.optim.clip_grad", f"must be > 0, got {optim.clip_grad}")
-    require(0 <= optim.lr_warmup_steps <= optim.total_training_steps, "actor.optim.lr_warmup_steps",
-            f"must be in [0, total_training_steps={optim.total_training_steps}], got {optim.lr_warmup_steps}")
+    require(0 <= optim.lr_warmup_steps < optim.total_training_steps, "actor.optim.lr_warmup_steps",
+            f"must be in [0, total_training_steps={optim.total_training_steps}), got {optim.lr_warmup_steps}")
     require(0.0 <= optim.min_lr_rate <= 1.0, "actor.optim.min_lr_rate", f"must be in [0, 1], got {optim.min_lr_rate}")
 
     require(runner.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {runner.max_steps}")

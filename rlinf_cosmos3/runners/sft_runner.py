@@ -1,0 +1,134 @@
+"""The SFT driver: validate, start the ranks, loop the steps, log, checkpoint, stop cleanly.
+
+The driver never touches the model. Ranks (:class:`FSDPSFTWorker` Ray actors) hold the FSDP2
+shards; each step the driver asks every rank for one optimizer step and logs rank 0's metrics
+(losses are already averaged over ranks there). Checkpoints are written by all ranks together.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from rlinf_cosmos3.checkpoint.layout import step_dir_name
+from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.config import ConfigError
+from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
+from rlinf_cosmos3.tracking import ScalarWriter, create_run_dir, setup_run_logging
+
+logger = logging.getLogger("rlinf_cosmos3.sft")
+
+RUN_LOG_NAME = "run_embodiment.log"
+
+
+def checkpoint_root(cfg: SFTConfig) -> Path:
+    """``<log_path>/<experiment_name>/checkpoints``: where ``global_step_<N>/`` directories go."""
+    return Path(cfg.runner.log_path) / cfg.runner.experiment_name / "checkpoints"
+
+
+def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str, logs_dir: str | Path = "logs") -> int:
+    """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
+    resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
+    resolved.pop("hydra", None)
+    run_dir = create_run_dir(logs_dir, config_name, RUN_LOG_NAME)
+    setup_run_logging(run_dir)
+    run_dir.save_config(resolved)
+    logger.info("run directory: %s", run_dir.root)
+    try:
+        cfg = load_sft_config(resolved)
+        resolved = absolute_paths(resolved)
+    except ConfigError as err:
+        logger.error("invalid config: %s", err)
+        return 2
+    cfg = load_sft_config(resolved)
+    SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard).run()
+    logger.info("logs: %s | TensorBoard: tensorboard --logdir %s | checkpoints: %s",
+                run_dir.log_file, run_dir.tensorboard, checkpoint_root(cfg))
+    return 0
+
+
+_PATH_FIELDS = (("actor", "model", "model_path"), ("data", "dataset", "root"), ("data", "dataset", "stats_path"),
+                ("runner", "log_path"), ("runner", "resume_dir"))
+
+
+def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The config with its paths made absolute, so ranks (Ray actors) agree whatever their cwd."""
+    out = copy.deepcopy(resolved)
+    for keys in _PATH_FIELDS:
+        node = out
+        for key in keys[:-1]:
+            node = node.get(key, {})
+        if node.get(keys[-1]):
+            node[keys[-1]] = str(Path(node[keys[-1]]).expanduser().resolve())
+    return out
+
+
+class SFTRunner:
+    """Owns the cluster and the actor group for one run."""
+
+    def __init__(self, cfg: SFTConfig, resolved: dict[str, Any], tensorboard_dir: Path) -> None:
+        self.cfg = cfg
+        self.resolved = resolved
+        self.tensorboard_dir = tensorboard_dir
+
+    def run(self) -> list[dict[str, float]]:
+        """Train to ``runner.max_steps``; returns rank 0's metrics of every step run here."""
+        from rlinf_cosmos3.workers.actor.fsdp_sft_worker import FSDPSFTWorker
+
+        cfg = self.cfg
+        history: list[dict[str, float]] = []
+        with Cluster(cfg.cluster) as cluster:
+            logger.info("cluster: %s", cluster.resources())
+            logger.info("starting %d %s ranks (%s)", cfg.cluster.world_size, FSDPSFTWorker.__name__,
+                        "NCCL on GPUs" if cfg.cluster.use_gpus else "gloo on CPU")
+            with WorkerGroup(
+                FSDPSFTWorker, cluster, cfg.cluster.world_size,
+                kwargs={"cfg": self.resolved},
+                num_nodes=cfg.cluster.num_nodes,
+                gpus_per_rank=1 if cfg.cluster.use_gpus else 0,
+                cpus_per_rank=cfg.cluster.cpus_per_rank,
+                name="actor",
+            ) as actors:
+                info = actors.call("setup", cfg.runner.resume_dir)[0]
+                start = int(info["global_step"])
+                logger.info("model ready: %s trainable / %s total parameters, %d training samples, "
+                            "%d micro-batches per step", f"{info['trainable_params']:,}",
+                            f"{info['total_params']:,}", info["num_samples"], info["grad_accum_steps"])
+                if start:
+                    logger.info("resumed from %s at global step %d", cfg.runner.resume_dir, start)
+                if start >= cfg.runner.max_steps:
+                    logger.info("nothing to do: already at step %d >= runner.max_steps", start)
+                    return history
+                history = self._loop(actors, start)
+        return history
+
+    def _loop(self, actors: WorkerGroup, start: int) -> list[dict[str, float]]:
+        cfg = self.cfg.runner
+        history: list[dict[str, float]] = []
+        bar = tqdm(total=cfg.max_steps, initial=start, desc="sft", unit="step", dynamic_ncols=True)
+        with ScalarWriter(self.tensorboard_dir, prefix="train") as writer:
+            for step in range(start + 1, cfg.max_steps + 1):
+                t0 = time.perf_counter()
+                metrics = dict(actors.call("train_step")[0])
+                metrics["step_time_s"] = time.perf_counter() - t0
+                metrics["samples_per_s"] = self.cfg.actor.global_batch_size / metrics["step_time_s"]
+                history.append(metrics)
+                writer.log(metrics, step)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
+                if step % cfg.log_interval == 0 or step == cfg.max_steps:
+                    logger.info("step %d/%d %s", step, cfg.max_steps,
+                                " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+                if step % cfg.save_interval == 0 or step == cfg.max_steps:
+                    writer.flush()
+                    path = checkpoint_root(self.cfg) / step_dir_name(step)
+                    actors.call("save_checkpoint", str(path))
+                    logger.info("saved checkpoint %s", path)
+        bar.close()
+        return history

@@ -1,0 +1,240 @@
+"""One rank of Cosmos3 SFT: FSDP2-sharded policy, AdamW, schedule, EMA, data stream, checkpoints.
+
+Start-up never holds the whole transformer on one device: it is built on the meta device, sharded
+with :func:`parallelize`, then materialised shard by shard while rank 0 streams the weights in
+(``load_to_device: false`` semantics). The frozen VAE is a small per-rank replica.
+
+Randomness is made reproducible on purpose: the flow-matching noise of a sample depends only on
+``(seed, global step, dataset index)``, so resuming, or splitting the same global batch over a
+different number of ranks, draws the same noise.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DataLoader
+
+from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
+from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
+from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
+from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples
+from rlinf_cosmos3.data.sampler import ResumableDistributedSampler, SamplerPosition
+from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
+from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
+from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy, PolicyConfig
+from rlinf_cosmos3.workers.actor.ema import PowerEMA
+from rlinf_cosmos3.workers.actor.optim import (
+    build_optimizer,
+    clip_grad_norm,
+    lambda_linear_schedule,
+    select_trainable,
+)
+
+_NOISE_SEED_STRIDE = 1_000_003
+
+
+def sample_generators(seed: int, global_step: int, indexes: torch.Tensor) -> list[torch.Generator]:
+    """One generator per sample, seeded from (run seed, step, dataset index): rank-split invariant."""
+    base = (seed * _NOISE_SEED_STRIDE + global_step) * _NOISE_SEED_STRIDE
+    return [torch.Generator().manual_seed(base + int(i)) for i in indexes.tolist()]
+
+
+class FSDPSFTWorker(Worker):
+    """A Ray actor rank; the runner calls :meth:`setup`, then :meth:`train_step` and :meth:`save_checkpoint`."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        # The driver validated the config; re-validating here (without GPU probing) gives each rank
+        # the same typed view and fails early if a path is not visible from this node.
+        self.cfg: SFTConfig = load_sft_config(cfg, check_gpus=False)
+        self.global_step = 0
+        self.consumed_samples = 0
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self, resume_dir: str | None = None) -> dict[str, Any]:
+        """Build data, model, optimizer, schedule and EMA; optionally resume. Returns a summary."""
+        cfg, model_cfg, optim_cfg = self.cfg, self.cfg.actor.model, self.cfg.actor.optim
+        on_gpu = self.device.type == "cuda"
+        torch.manual_seed(cfg.runner.seed + self.rank)
+
+        self.dataset = LiberoLeRobotDataset(cfg.data.dataset)
+        self.sampler = ResumableDistributedSampler(
+            len(self.dataset), self.rank, self.world_size, seed=cfg.runner.seed
+        )
+        self.grad_accum_steps = cfg.actor.global_batch_size // (cfg.actor.micro_batch_size * self.world_size)
+        self._loader_iter = None
+
+        precision = model_cfg.precision if on_gpu else "fp32"
+        policy_cfg = PolicyConfig(
+            domain_name=model_cfg.domain_name,
+            action_horizon=model_cfg.action_horizon,
+            fps=float(model_cfg.fps),
+            canvas_height=model_cfg.canvas_height,
+            canvas_width=model_cfg.canvas_width,
+            loss_scale=model_cfg.loss_scale,
+            action_loss_weight=model_cfg.action_loss_weight,
+            precision=precision if precision != "fp32" else None,
+        )
+        self.policy = Cosmos3Policy.from_pretrained(
+            model_cfg.model_path,
+            policy_cfg,
+            device=self.device,
+            transformer_on_meta=True,
+            vae_dtype=torch.bfloat16 if on_gpu else torch.float32,
+        )
+        mesh = init_device_mesh(self.device.type, (self.world_size,)) if self.world_size > 1 else None
+        parallelize(
+            self.policy,
+            mesh,
+            ParallelizeConfig(
+                precision=precision, activation_checkpointing=model_cfg.activation_checkpointing
+            ),
+        )
+        transformer = self.policy.transformer
+        load_transformer_weights(transformer, model_cfg.model_path, device=self.device)
+        transformer.train()
+
+        selection = select_trainable(transformer, model_cfg.keys_to_select)
+        self.optimizer = build_optimizer(
+            transformer,
+            optim_cfg.lr,
+            optim_cfg.weight_decay,
+            tuple(optim_cfg.betas),
+            optim_cfg.eps,
+            model_cfg.lr_multipliers,
+        )
+        self.scheduler = lambda_linear_schedule(
+            self.optimizer,
+            optim_cfg.lr_warmup_steps,
+            optim_cfg.total_training_steps,
+            min_lr_rate=optim_cfg.min_lr_rate,
+        )
+        self.ema = PowerEMA(transformer, rate=model_cfg.ema_rate, enabled=model_cfg.ema_enabled)
+
+        if resume_dir:
+            state = load_checkpoint(resume_dir, transformer, self.optimizer, self.scheduler, self.ema)
+            self.global_step = state.global_step
+            self.consumed_samples = state.consumed_samples
+            self.sampler.load_position(state.sampler_state)
+            self.logger.info("resumed at step %d, data position %s", self.global_step, state.sampler_state)
+        return {
+            "global_step": self.global_step,
+            "trainable_params": selection.n_trainable,
+            "total_params": selection.n_trainable + selection.n_frozen,
+            "num_samples": len(self.dataset),
+            "grad_accum_steps": self.grad_accum_steps,
+        }
+
+    def _make_loader(self) -> DataLoader:
+        workers = self.cfg.data.num_workers
+        return DataLoader(
+            self.dataset,
+            batch_size=self.cfg.actor.micro_batch_size,
+            sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=collate_samples,
+            drop_last=True,
+            prefetch_factor=self.cfg.data.prefetch_factor if workers > 0 else None,
+            pin_memory=self.device.type == "cuda",
+        )
+
+    def _next_batch(self) -> dict[str, Any]:
+        """The next micro-batch of this rank's stream, rolling over epochs; advances the position."""
+        for _ in range(2):
+            if self._loader_iter is None:
+                self._loader_iter = iter(self._make_loader())
+            try:
+                batch = next(self._loader_iter)
+            except StopIteration:
+                self._loader_iter = None
+                if self.sampler.position.offset != 0:  # a dropped partial micro-batch ends the epoch
+                    self.sampler.position = SamplerPosition(epoch=self.sampler.position.epoch + 1, offset=0)
+                continue
+            self.sampler.advance(self.cfg.actor.micro_batch_size)
+            return batch
+        raise RuntimeError(
+            f"rank {self.rank}: the dataset yields no full micro-batch of {self.cfg.actor.micro_batch_size} "
+            f"samples ({len(self.dataset)} samples over {self.world_size} ranks); lower actor.micro_batch_size"
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; metrics averaged over ranks."""
+        t0 = time.perf_counter()
+        optim_cfg = self.cfg.actor.optim
+        transformer = self.policy.transformer
+        sums = torch.zeros(3, dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.grad_accum_steps):
+            batch = self._next_batch()
+            generators = sample_generators(self.cfg.runner.seed, self.global_step, batch["index"])
+            loss, metrics = self.policy.sft_loss(batch, generators)
+            (loss / self.grad_accum_steps).backward()
+            sums += torch.tensor(
+                [float(metrics["loss"]), float(metrics["vision_loss"]), float(metrics["action_loss"])],
+                dtype=torch.float64,
+            )
+        grad_norm = clip_grad_norm(transformer, optim_cfg.clip_grad)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.global_step += 1
+        self.ema.update(self.global_step)
+        self.consumed_samples += self.cfg.actor.global_batch_size
+
+        sums /= self.grad_accum_steps
+        if dist.is_initialized():
+            dist.all_reduce(sums)
+            sums /= self.world_size
+        return {
+            "loss": float(sums[0]),
+            "vision_loss": float(sums[1]),
+            "action_loss": float(sums[2]),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "rank_step_time_s": time.perf_counter() - t0,
+            "peak_memory_gb": self._peak_memory_gb(),
+        }
+
+    def _peak_memory_gb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, step_dir: str) -> str:
+        """Collective: write ``step_dir`` (``.../global_step_<N>``) atomically."""
+        step_dir_path = Path(step_dir)
+        expected = f"global_step_{self.global_step}"
+        if step_dir_path.name != expected:
+            raise ValueError(
+                f"asked to save step {self.global_step} into '{step_dir}', expected a '{expected}' dir"
+            )
+        state = TrainerState(
+            global_step=self.global_step,
+            epoch=self.sampler.position.epoch,
+            sample_offset=self.sampler.position.offset * self.world_size,
+            consumed_samples=self.consumed_samples,
+            sampler_state=self.sampler.position.to_dict(),
+        )
+        path = save_checkpoint(
+            step_dir_path.parent, self.policy.transformer, self.optimizer, state, self.scheduler, self.ema
+        )
+        return str(path)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The consolidated transformer weights (collective; for tests and small models)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.policy.transformer, options=options)
