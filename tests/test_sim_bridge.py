@@ -163,6 +163,29 @@ def test_atexit_stops_processes_the_program_forgot() -> None:
     assert _wait_gone(pgid), f"simulator process group {pgid} outlived its parent"
 
 
+def test_child_follows_a_parent_killed_outright() -> None:
+    """SIGKILL leaves no atexit: the child must notice the closed pipe and exit by itself."""
+    code = textwrap.dedent("""
+        import time
+        from rlinf_cosmos3.sim.client import LiberoSimProcess
+        proc = LiberoSimProcess(name="orphan")
+        print(proc.process_id, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pgid = int(parent.stdout.readline())
+        assert not _group_gone(pgid)
+        parent.kill()
+        parent.wait(timeout=30)
+        assert _wait_gone(pgid, timeout_s=30), f"simulator process group {pgid} outlived a killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
 def test_call_all_routes_replies_to_their_processes() -> None:
     procs = [LiberoSimProcess(name=f"par{i}") for i in range(2)]
     try:

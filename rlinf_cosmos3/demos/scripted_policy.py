@@ -82,6 +82,9 @@ class PolicyConfig:
     rim_inset: float = 0.012
     grasp_depth: float = 0.03
     reach_tol: float = 0.008
+    enough_clearance: float = 0.025
+    stall_tol: float = 0.003
+    stall_window: int = 3
     coarse_tol: float = 0.02
     grasp_steps: int = 10
     release_steps: int = 8
@@ -109,6 +112,7 @@ class ScriptedPickPlace:
         self.phase_steps = 0
         self.regrasps = 0
         self._plan: dict[str, Any] = {}
+        self._eef_history: list[np.ndarray] = []
 
     @property
     def done(self) -> bool:
@@ -188,8 +192,9 @@ class ScriptedPickPlace:
             point = np.array([center[0], center[1], grasp_z])
             narrow_first = [0.0, np.pi / 2] if extent[1] <= extent[0] else [np.pi / 2, 0.0]
             candidates = [(point, yaw) for yaw in narrow_first]
-        grasp, yaw = max(candidates, key=lambda c: self._clearance(priv, c[0], c[1])
-                         - 0.01 * float(np.linalg.norm(c[0][:2] - eef[:2])))
+        # enough clearance (capped) first; then little wrist rotation; then the nearer point
+        grasp, yaw = max(candidates, key=lambda c: min(self._clearance(priv, c[0], c[1]), self.cfg.enough_clearance)
+                         - 0.005 * abs(c[1]) - 0.01 * float(np.linalg.norm(c[0][:2] - eef[:2])))
         grasp = grasp.copy()
         grasp[2] = max(grasp[2], lo[2] + FINGER_TIP_BELOW_SITE_M + 0.003)
         target_xy, support_top = self._support_top(priv)
@@ -220,6 +225,15 @@ class ScriptedPickPlace:
         action[:6] = np.clip(action[:6], -1.0, 1.0)
         return action
 
+    def _stalled(self, target: np.ndarray, within: float) -> bool:
+        """The hand has (nearly) stopped short of ``target`` but is within ``within`` of it: it is
+        blocked (fingers on a rim, object on its support), so waiting longer would not help."""
+        w = self.cfg.stall_window
+        if self.phase_steps <= w or len(self._eef_history) <= w:
+            return False
+        recent = float(np.linalg.norm(self._eef_history[-1] - self._eef_history[-1 - w]))
+        return recent < self.cfg.stall_tol and float(np.linalg.norm(self._eef_history[-1] - target)) < within
+
     def _goto(self, phase: Phase) -> None:
         logger.debug("phase %s -> %s after %d steps", self.phase.value, phase.value, self.phase_steps)
         self.phase = phase
@@ -236,6 +250,7 @@ class ScriptedPickPlace:
         plan = self._plan
         self.phase_steps += 1
         eef = np.asarray(priv["eef_pos"])
+        self._eef_history = [*self._eef_history[-9:], eef.copy()]
         obj_pose = np.asarray(priv[f"pose/{self.goal.obj}"])
         grasp = plan["grasp"]
         above = grasp + np.array([0.0, 0.0, cfg.approach_height])
@@ -245,7 +260,8 @@ class ScriptedPickPlace:
                 self._goto(Phase.DESCEND)
             return self._servo(priv, above, GRIPPER_OPEN)
         if self.phase is Phase.DESCEND:
-            if self._reached(priv, grasp, cfg.reach_tol) or self.phase_steps > cfg.phase_timeout // 2:
+            if (self._reached(priv, grasp, cfg.reach_tol) or self._stalled(grasp, cfg.coarse_tol)
+                    or self.phase_steps > cfg.phase_timeout // 2):
                 self._goto(Phase.GRASP)
             return self._servo(priv, grasp, GRIPPER_OPEN)
         if self.phase is Phase.GRASP:
@@ -274,7 +290,8 @@ class ScriptedPickPlace:
         place_z = plan["support_top"] + plan["grip_above_bottom"] + cfg.place_clearance
         if self.phase is Phase.LOWER:
             lower_to = np.array([place_xy[0], place_xy[1], place_z])
-            if self._reached(priv, lower_to, cfg.reach_tol) or self.phase_steps > cfg.phase_timeout // 2:
+            if (self._reached(priv, lower_to, cfg.reach_tol) or self._stalled(lower_to, 2 * cfg.coarse_tol)
+                    or self.phase_steps > cfg.phase_timeout // 2):
                 plan["placed"] = True
                 self._goto(Phase.RELEASE)
             return self._servo(priv, lower_to, GRIPPER_CLOSE)

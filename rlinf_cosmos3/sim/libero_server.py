@@ -5,15 +5,16 @@ itself is pointed at stderr so that LIBERO's and robosuite's prints cannot corru
 A request is ``{"cmd": name, **args}`` (arrays as message arrays); the reply carries
 ``ok: true`` plus the command's results (``reset``/``step``/``chunk_step`` add the privileged
 scene state when sent ``privileged: true``), or ``ok: false`` with the error and its traceback (the
-process stays usable). EOF on stdin, or the ``close`` command, ends the process.
+process stays usable). EOF on stdin, or the ``close`` command, ends the process; so does a broken
+reply pipe. That is how the process follows a parent that died without closing it: the parent's
+end of both pipes closes with it. (No ``PR_SET_PDEATHSIG``: it fires when the *thread* that
+started the child exits, which would kill simulators started from worker threads.)
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -24,7 +25,6 @@ import numpy as np
 from rlinf_cosmos3.sim.protocol import Message, read_message, split_arrays, write_message
 
 logger = logging.getLogger("rlinf_cosmos3.sim.libero_server")
-_PR_SET_PDEATHSIG = 1
 
 
 def take_protocol_channel() -> IO[bytes]:
@@ -33,19 +33,6 @@ def take_protocol_channel() -> IO[bytes]:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return channel
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM us when the parent dies, as a second line behind EOF on stdin."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError) as exc:
-        logger.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)
-    if os.getppid() == 1:  # the parent is already gone
-        sys.exit(0)
 
 
 def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
@@ -112,7 +99,6 @@ def main() -> None:
     channel = take_protocol_channel()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [sim %(process)d] %(message)s")
-    die_with_parent()
     serve(sys.stdin.buffer, channel)
 
 

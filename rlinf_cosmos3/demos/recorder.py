@@ -1,0 +1,256 @@
+"""Records scripted LIBERO demonstrations with the real simulator into a LeRobot v3 dataset.
+
+One episode = reset to one of LIBERO's fixed init states, ``num_settle_steps`` no-op steps that are
+*not* recorded (LIBERO's evaluation also lets objects settle first, so frame 0 matches what a policy
+sees at evaluation), then the scripted policy until it has released the object and retreated, or
+``max_steps`` recorded steps. Frame t holds the observation before command t and command t.
+Success comes only from the simulator's ``check_success``: ``success`` at the last recorded step and
+``success_once`` over all recorded steps. Failed episodes are dropped unless ``keep_failed``.
+
+Several simulator processes (``num_envs``) step in lockstep, each on its own core; finished episodes
+are written one at a time by the main process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE, DemoDatasetWriter, EpisodeRecord
+from rlinf_cosmos3.demos.scripted_policy import PolicyConfig, ScriptedPickPlace
+from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS, suite_max_steps
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RecordConfig:
+    """What to record and where (see toolkits/libero/record_demos.py for the CLI)."""
+
+    suite: str
+    task_ids: Sequence[int]
+    init_state_ids: Sequence[int]
+    out: Path
+    repo_id: str = "local/libero_demos"
+    max_steps: int | None = None  # recorded steps; None = the suite's cap minus the settle steps
+    num_settle_steps: int = NUM_SETTLE_STEPS
+    seed: int = 0
+    keep_failed: bool = False
+    num_envs: int = 1
+    image_size: int = IMAGE_SIZE
+    fps: int = FPS
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def resolved_max_steps(self) -> int:
+        if self.num_settle_steps < 0:
+            raise ValueError(f"num_settle_steps must be >= 0, got {self.num_settle_steps}")
+        if self.max_steps is not None:
+            if self.max_steps < 1:
+                raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+            return self.max_steps
+        return suite_max_steps(self.suite) - self.num_settle_steps
+
+
+@dataclass
+class EpisodeResult:
+    """One attempted episode, kept in the dataset or not."""
+
+    task_id: int
+    init_state_id: int
+    task: str
+    success: bool
+    success_once: bool
+    num_steps: int
+    seconds: float
+    regrasps: int
+    episode_index: int | None  # index in the dataset, None if dropped
+
+
+@dataclass
+class _Episode:
+    task_id: int
+    init_state_id: int
+    task: str = ""
+    policy: ScriptedPickPlace | None = None
+    obs: Reply | None = None
+    frames: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    success: bool = False
+    success_once: bool = False
+    stage: str = "make"
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Slot:
+    """One simulator process and the episode it is running."""
+
+    def __init__(self, proc: LiberoSimProcess) -> None:
+        self.proc = proc
+        self.task_id: int | None = None
+        self.task = ""
+        self.episode: _Episode | None = None
+
+
+def expand_jobs(task_ids: Sequence[int], init_state_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """All (task, init state) pairs, task-major so each process rebuilds its env rarely."""
+    return [(t, i) for t in task_ids for i in init_state_ids]
+
+
+class DemoRecorder:
+    """Runs the episodes of a :class:`RecordConfig` and writes the kept ones."""
+
+    def __init__(self, cfg: RecordConfig, writer: DemoDatasetWriter) -> None:
+        self.cfg = cfg
+        self.writer = writer
+        self.max_steps = cfg.resolved_max_steps()
+        self.results: list[EpisodeResult] = []
+
+    # ------------------------------------------------------------------ per-slot requests
+    def _next_request(self, slot: _Slot) -> None:
+        """Send the request that moves ``slot``'s episode forward."""
+        ep = slot.episode
+        assert ep is not None
+        cfg = self.cfg
+        if ep.stage == "make":
+            slot.proc.send("make", suite=cfg.suite, task_id=ep.task_id, camera_height=cfg.image_size,
+                           camera_width=cfg.image_size, seed=cfg.seed)
+        elif ep.stage == "reset":
+            slot.proc.send("reset", init_state_id=ep.init_state_id, privileged=True)
+        elif ep.stage == "settle":
+            noop = np.tile(np.asarray(NOOP_ACTION, dtype=np.float64), (cfg.num_settle_steps, 1))
+            slot.proc.send("chunk_step", {"actions": noop}, privileged=True)
+        else:  # run
+            assert ep.policy is not None and ep.obs is not None
+            command = ep.policy.act(ep.obs)
+            ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], command))
+            slot.proc.send("step", {"action": command}, privileged=True)
+
+    def _on_reply(self, slot: _Slot, reply: Reply) -> bool:
+        """Advance ``slot``'s episode with ``reply``; True when the episode has ended."""
+        ep = slot.episode
+        assert ep is not None
+        if ep.stage == "make":
+            slot.task_id, slot.task = ep.task_id, str(reply["task"])
+            ep.task, ep.stage = slot.task, "reset"
+            return False
+        ep.obs = reply
+        if ep.stage == "reset" and self.cfg.num_settle_steps > 0:
+            ep.stage = "settle"
+            return False
+        if ep.stage in ("reset", "settle"):
+            ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy,
+                                          seed=self.cfg.seed * 100003 + ep.task_id * 1009 + ep.init_state_id)
+            ep.stage = "run"
+            return False
+        ep.success = bool(reply["success"])
+        ep.success_once |= ep.success
+        assert ep.policy is not None
+        return ep.policy.done or len(ep.frames) >= self.max_steps or bool(reply["done"])
+
+    def _start(self, slot: _Slot, job: tuple[int, int]) -> None:
+        task_id, init_id = job
+        slot.episode = _Episode(task_id=task_id, init_state_id=init_id)
+        if slot.task_id == task_id:
+            slot.episode.task, slot.episode.stage = slot.task, "reset"
+
+    def _finish(self, ep: _Episode) -> EpisodeResult:
+        """Write (or drop) a finished episode and log one line about it."""
+        keep = ep.success or self.cfg.keep_failed
+        index = None
+        if keep:
+            for main, wrist, state, command in ep.frames:
+                self.writer.add_frame(main, wrist, state, command, ep.task)
+            index = self.writer.save_episode(EpisodeRecord(
+                success=ep.success, success_once=ep.success_once, suite=self.cfg.suite,
+                task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps))
+        assert ep.policy is not None
+        result = EpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
+                               success=ep.success, success_once=ep.success_once, num_steps=len(ep.frames),
+                               seconds=time.monotonic() - ep.started, regrasps=ep.policy.regrasps,
+                               episode_index=index)
+        logger.info("%s task %d init %d: %s (once %s) in %d steps, %.1fs, regrasps %d, %s",
+                    self.cfg.suite, ep.task_id, ep.init_state_id, "success" if ep.success else "FAILURE",
+                    ep.success_once, result.num_steps, result.seconds, result.regrasps,
+                    f"kept as episode {index}" if keep else "dropped")
+        return result
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[EpisodeResult]:
+        """Record every job on ``procs`` (lockstep); ``progress`` is an optional tqdm bar."""
+        jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids)[::-1]
+        slots = [_Slot(p) for p in procs]
+        while True:
+            for slot in slots:
+                if slot.episode is None and jobs:
+                    self._start(slot, jobs.pop())
+            active = [s for s in slots if s.episode is not None]
+            if not active:
+                return self.results
+            for slot in active:
+                self._next_request(slot)
+            for slot in active:
+                ended = self._on_reply(slot, slot.proc.recv())
+                if ended:
+                    assert slot.episode is not None
+                    self.results.append(self._finish(slot.episode))
+                    slot.episode = None
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix(success=f"{success_rate(self.results):.0%}")
+
+
+def success_rate(results: Sequence[EpisodeResult]) -> float:
+    return float(np.mean([r.success for r in results])) if results else 0.0
+
+
+def per_task_summary(results: Sequence[EpisodeResult]) -> dict[int, dict[str, Any]]:
+    """task id -> episodes, successes, success rate, mean steps, mean seconds."""
+    by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
+    for r in results:
+        by_task[r.task_id].append(r)
+    return {
+        t: {
+            "task": rs[0].task,
+            "episodes": len(rs),
+            "successes": sum(r.success for r in rs),
+            "success_rate": success_rate(rs),
+            "success_once_rate": float(np.mean([r.success_once for r in rs])),
+            "mean_steps": float(np.mean([r.num_steps for r in rs])),
+            "mean_seconds": float(np.mean([r.seconds for r in rs])),
+        }
+        for t, rs in sorted(by_task.items())
+    }
+
+
+def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeResult]:
+    """Start ``cfg.num_envs`` simulator processes, record, finalize the dataset, shut down.
+
+    The dataset is finalized (and every simulator process stopped) also on errors and Ctrl-C, so
+    the episodes saved until then stay readable.
+    """
+    from tqdm import tqdm
+
+    jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids)
+    if not jobs:
+        raise ValueError("nothing to record: no task ids or no init states")
+    cfg.resolved_max_steps()
+    writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size)
+    procs: list[LiberoSimProcess] = []
+    recorder = DemoRecorder(cfg, writer)
+    try:
+        for i in range(max(1, min(cfg.num_envs, len(jobs)))):
+            procs.append(LiberoSimProcess(name=f"libero-demo-{i}"))
+        with tqdm(total=len(jobs), desc=f"{cfg.suite} demos", unit="ep", disable=not show_progress) as bar:
+            recorder.run(procs, progress=bar)
+    finally:
+        for proc in procs:
+            proc.close()
+        writer.finalize()
+    return recorder.results

@@ -1,0 +1,46 @@
+"""Shared fixtures.
+
+``recorded_libero_dataset``: a small real LeRobot v3.0 dataset recorded once per test session with
+the real LIBERO simulator and the scripted policy (libero_spatial task 0, init states 0 and 1, two
+simulator processes in parallel; failed episodes are kept so the layout never depends on the
+policy). Modules that read demonstrations (data reader, SFT) use it instead of recording their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass(frozen=True)
+class RecordedDataset:
+    """Where the session's recorded dataset lives and how it was recorded."""
+
+    root: Path
+    repo_id: str
+    suite: str
+    task_ids: tuple[int, ...]
+    init_state_ids: tuple[int, ...]
+    fps: int
+    results: tuple  # rlinf_cosmos3.demos.recorder.EpisodeResult, one per attempted episode
+
+
+@pytest.fixture(scope="session")
+def recorded_libero_dataset(tmp_path_factory: pytest.TempPathFactory) -> RecordedDataset:
+    """Record 2 scripted libero_spatial episodes (~80 frames each, 256x256, 20 fps) once per session."""
+    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
+
+    cfg = RecordConfig(
+        suite="libero_spatial",
+        task_ids=[0],
+        init_state_ids=[0, 1],
+        out=tmp_path_factory.mktemp("recorded_libero") / "dataset",
+        repo_id="local/recorded_libero",
+        keep_failed=True,
+        num_envs=2,
+    )
+    results = record_demos(cfg, show_progress=False)
+    return RecordedDataset(root=cfg.out, repo_id=cfg.repo_id, suite=cfg.suite, task_ids=tuple(cfg.task_ids),
+                           init_state_ids=tuple(cfg.init_state_ids), fps=cfg.fps, results=tuple(results))

@@ -1,0 +1,225 @@
+"""Recording scripted demonstrations with the real LIBERO simulator and reading them back with
+lerobot's own ``LeRobotDataset`` (offline, pyav video backend)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+from rlinf_cosmos3.demos.lerobot_writer import (
+    ACTION_KEY,
+    MAIN_IMAGE_KEY,
+    STATE_KEY,
+    WRIST_IMAGE_KEY,
+    DemoDatasetWriter,
+    command_to_stored_action,
+)
+from rlinf_cosmos3.paths import REPO_ROOT
+from rlinf_cosmos3.sim.client import LiberoSimProcess
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
+
+TASK0 = "pick the akita black bowl between the plate and the ramekin and place it on the plate"
+CLI = REPO_ROOT / "toolkits" / "libero" / "record_demos.py"
+
+
+def _load_cli():
+    spec = importlib.util.spec_from_file_location("record_demos_cli", CLI)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cli = _load_cli()
+parse_init_states, parse_task_ids = cli.parse_init_states, cli.parse_task_ids
+
+
+# ---------------------------------------------------------------------------- pure parts
+def test_init_state_and_task_id_parsing() -> None:
+    assert parse_init_states(["3"]) == [0, 1, 2]
+    assert parse_init_states(["7,"]) == [7]
+    assert parse_init_states(["0", "3", "7"]) == [0, 3, 7]
+    assert parse_init_states(["0,3", "10-12"]) == [0, 3, 10, 11, 12]
+    assert parse_task_ids(["all"], "libero_object") == list(range(10))
+    assert parse_task_ids(["0", "1"], "libero_spatial") == [0, 1]
+    with pytest.raises(Exception, match="count"):
+        parse_init_states(["0"])
+    with pytest.raises(Exception, match="empty range"):
+        parse_task_ids(["5-2"], "libero_spatial")
+
+
+def test_stored_gripper_follows_the_dataset_convention() -> None:
+    open_cmd = np.array([0.1, -0.2, 0.3, 0.0, 0.01, -0.01, -1.0])
+    stored = command_to_stored_action(open_cmd)
+    assert stored.dtype == np.float32
+    np.testing.assert_allclose(stored[:6], open_cmd[:6], rtol=1e-6)
+    assert stored[6] == 1.0  # -1 (open) -> g = 1
+    assert command_to_stored_action(np.r_[np.zeros(6), 1.0])[6] == 0.0  # +1 (close) -> g = 0
+    with pytest.raises(ValueError):
+        command_to_stored_action(np.zeros(6))
+
+
+def test_writer_refuses_a_non_empty_output(tmp_path) -> None:
+    (tmp_path / "x.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        DemoDatasetWriter(tmp_path, "local/x")
+
+
+# ---------------------------------------------------------------------------- the recorded dataset
+@pytest.fixture(scope="module")
+def dataset(recorded_libero_dataset) -> LeRobotDataset:
+    return LeRobotDataset(recorded_libero_dataset.repo_id, root=recorded_libero_dataset.root,
+                          video_backend="pyav")
+
+
+def _episode_frames(ds: LeRobotDataset, episode: int) -> list[dict]:
+    ep = ds.meta.episodes[episode]
+    return [ds[i] for i in range(ep["dataset_from_index"], ep["dataset_to_index"])]
+
+
+@pytest.mark.slow
+def test_dataset_layout_and_features(recorded_libero_dataset, dataset) -> None:
+    info = json.loads((recorded_libero_dataset.root / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0"
+    assert dataset.fps == 20 and info["fps"] == 20
+    assert dataset.num_episodes == 2
+    feats = dataset.meta.features
+    for key in (MAIN_IMAGE_KEY, WRIST_IMAGE_KEY):
+        assert feats[key]["dtype"] == "video" and tuple(feats[key]["shape"]) == (256, 256, 3)
+    assert feats[STATE_KEY]["dtype"] == "float32" and tuple(feats[STATE_KEY]["shape"]) == (8,)
+    assert feats[ACTION_KEY]["dtype"] == "float32" and tuple(feats[ACTION_KEY]["shape"]) == (7,)
+    sample = dataset[0]
+    assert sample[MAIN_IMAGE_KEY].shape == (3, 256, 256) and sample[WRIST_IMAGE_KEY].shape == (3, 256, 256)
+    assert sample["task"] == TASK0
+    lengths = [r.num_steps for r in recorded_libero_dataset.results]
+    assert list(dataset.meta.episodes["length"]) == lengths and dataset.num_frames == sum(lengths)
+    for episode in range(2):
+        frames = _episode_frames(dataset, episode)
+        idx = np.array([int(f["frame_index"]) for f in frames])
+        np.testing.assert_array_equal(idx, np.arange(len(frames)))
+        np.testing.assert_allclose([float(f["timestamp"]) for f in frames], idx / 20.0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_actions_and_gripper_convention(dataset) -> None:
+    for episode in range(2):
+        frames = _episode_frames(dataset, episode)
+        actions = torch.stack([f[ACTION_KEY] for f in frames]).numpy()
+        states = torch.stack([f[STATE_KEY] for f in frames]).numpy()
+        assert np.all(np.abs(actions[:, :6]) <= 1.0 + 1e-6)
+        grip = actions[:, 6]
+        assert set(np.unique(grip).tolist()) <= {0.0, 1.0}
+        assert grip[0] == 1.0, "the scripted policy starts with the gripper open (g = 1)"
+        # while the stored gripper says "closed" (g = 0) for a while, the fingers close on the bowl
+        closed = np.flatnonzero(grip == 0.0)
+        assert closed.size > 5
+        assert states[closed[-1], 6] < states[0, 6] - 0.005
+        # commanded motion shows up in the next state: action t drives state t+1 - state t
+        moved = states[1:, :3] - states[:-1, :3]
+        for axis in range(3):
+            corr = np.corrcoef(actions[:-1, axis], moved[:, axis])[0, 1]
+            assert corr > 0.5, f"axis {axis}: action/state correlation {corr:.2f}"
+
+
+@pytest.mark.slow
+def test_success_metadata_matches_the_simulator(recorded_libero_dataset, dataset) -> None:
+    episodes = dataset.meta.episodes
+    results = recorded_libero_dataset.results
+    assert [r.episode_index for r in results] == [0, 1]
+    assert list(episodes["success"]) == [r.success for r in results]
+    assert list(episodes["success_once"]) == [r.success_once for r in results]
+    assert list(episodes["init_state_id"]) == [0, 1]
+    assert list(episodes["task_id"]) == [0, 0]
+    assert list(episodes["suite"]) == ["libero_spatial"] * 2
+    assert list(episodes["num_settle_steps"]) == [NUM_SETTLE_STEPS] * 2
+    # the scripted policy solves init state 0 of this task (also checked in test_sim_bridge)
+    assert results[0].success and results[0].success_once
+
+
+@pytest.mark.slow
+def test_first_frame_is_the_settled_simulator_observation(recorded_libero_dataset, dataset) -> None:
+    """Frame 0 = LIBERO init state 0 after the unrecorded settle steps, images rotated 180° as in
+    LIBERO's datasets (compared with a fresh simulator; the video is lossy, the state exact)."""
+    with LiberoSimProcess(name="check") as proc:
+        proc.make("libero_spatial", 0)
+        proc.reset(0)
+        obs = proc.chunk_step(np.tile(np.asarray(NOOP_ACTION), (NUM_SETTLE_STEPS, 1)))
+    frame = dataset[0]
+    np.testing.assert_allclose(frame[STATE_KEY].numpy(), obs["state"], atol=1e-6)
+    for key, sim_key in ((MAIN_IMAGE_KEY, "main_image"), (WRIST_IMAGE_KEY, "wrist_image")):
+        stored = frame[key].permute(1, 2, 0).numpy() * 255.0
+        same = np.abs(stored - obs[sim_key]).mean()
+        flipped = np.abs(stored - obs[sim_key][::-1, ::-1]).mean()
+        assert same < 6.0 and flipped > 3 * same, f"{key}: diff {same:.1f} vs flipped {flipped:.1f}"
+
+
+@pytest.mark.slow
+def test_cli_drops_failed_episodes_and_reports_per_task(tmp_path) -> None:
+    """5 recorded steps cannot solve the task: the episode is attempted, reported and dropped."""
+    out = tmp_path / "ds"
+    summary = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "2,",
+         "--max-steps", "5", "--out", str(out), "--repo-id", "local/dropped", "--no-progress",
+         "--summary-json", str(summary)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "task  0: 0/1 = 0%" in proc.stdout and "0 kept" in proc.stdout
+    report = json.loads(summary.read_text())
+    (episode,) = report["episodes"]
+    assert episode["init_state_id"] == 2 and episode["num_steps"] == 5
+    assert episode["success"] is False and episode["episode_index"] is None
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 0
+
+
+def _children_of(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
+    """SIGINT after the first saved episode: exit code 130, no simulator left, and the episodes
+    saved so far form a readable dataset."""
+    out = tmp_path / "ds"
+    cli = subprocess.Popen(
+        [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "3",
+         "--max-steps", "8", "--keep-failed", "--out", str(out), "--repo-id", "local/interrupted", "--no-progress"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert cli.stderr is not None
+        sims: list[int] = []
+        for line in cli.stderr:
+            sims = sims or _children_of(cli.pid)
+            if "kept as episode 0" in line:
+                break
+        assert sims, "the recorder started no simulator process"
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    for pid in sims:
+        assert not Path(f"/proc/{pid}").exists(), f"simulator {pid} outlived the interrupted recorder"
+    ds = LeRobotDataset("local/interrupted", root=out, video_backend="pyav")
+    assert 1 <= ds.num_episodes < 3
+    assert ds[0][MAIN_IMAGE_KEY].shape == (3, 256, 256)
