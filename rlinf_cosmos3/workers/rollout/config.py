@@ -211,6 +211,8 @@ class EmbeddedConfig:
     """0 runs the pipeline on CPU."""
     cpus_per_worker: float = 1.0
     max_inflight_per_worker: int = 2
+    batching_max_size: int = 16
+    """Images per request (the adapter splits at it); a worker serves them one pipeline call each."""
 
     def validate(self, root: str = "rollout.embedded") -> EmbeddedConfig:
         require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")
@@ -219,4 +221,5 @@ class EmbeddedConfig:
         require(self.cpus_per_worker > 0, f"{root}.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
         require(self.max_inflight_per_worker >= 1, f"{root}.max_inflight_per_worker",
                 f"must be >= 1, got {self.max_inflight_per_worker}")
+        require(self.batching_max_size >= 1, f"{root}.batching_max_size", f"must be >= 1, got {self.batching_max_size}")
         return self

@@ -23,6 +23,10 @@ import httpx
 from rlinf_cosmos3.workers.rollout import codec
 
 logger = logging.getLogger(__name__)
+# httpx logs every request at INFO, which would drown the eval log (hundreds of requests per
+# epoch); this client logs retries and failures itself. An explicitly configured level is kept.
+if logging.getLogger("httpx").level == logging.NOTSET:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 ACTION_PATH = "/v1/actions/generations"
 HEALTH_PATH = "/health"

@@ -1,0 +1,209 @@
+"""SGLangServerGroup with real ``sglang serve`` processes (CPU, the tiny random Cosmos3 model).
+
+One module-wide group of two servers serves batched requests through the adapter, shows that the
+adapter's token-length groups are exactly what the server batches, survives a ``kill -9`` of one
+server (restart + retry of its in-flight requests, same answers as before) and finally is stopped
+by an exception raised inside ``with group:`` (``__exit__`` -> ``close()``), leaving no process.
+Short-lived groups check that a failed start (bogus model directory, health timeout) leaves
+nothing behind and that start-up errors carry the server log's tail. Leftovers are searched by the tag every server process
+(children included) carries in its environment, so other jobs' SGLang servers do not interfere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from rlinf_cosmos3.actions import write_action_stats
+from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
+from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.http_client import ActionHTTPClient, ServerUnavailableError
+from rlinf_cosmos3.workers.rollout.server_process import TAG_ENV, ServerStartError
+from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+
+Q01 = [-0.5, -1.0, 0.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0, 0.0]
+Q99 = [0.5, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0]
+SHORT_A = "pick up the black bowl"
+SHORT_B = "pick up the black mug"  # same token length as SHORT_A
+LONG = "pick up the alphabet soup and place it in the basket"
+HEALTH_TIMEOUT_S = 400.0  # CPU servers on a busy 2-core box can take minutes to import
+
+
+def _tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries this group's tag (zombies do not count)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TAG_ENV, "").startswith(f"{tag}:"):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _assert_nothing_left(tag: str) -> None:
+    deadline = time.monotonic() + 10
+    while (left := _tagged_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def model_cfg(tmp_path_factory: pytest.TempPathFactory) -> RolloutModelConfig:
+    root = tmp_path_factory.mktemp("sglang_rollout")
+    model_dir = write_model_dir(root / "tiny", preset="tiny", seed=0)
+    block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
+    stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
+                               root / "stats.json")
+    return RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                              action_normalization="quantile_rot", num_inference_steps=2).validate()
+
+
+def _sglang_cfg(**overrides) -> SGLangConfig:
+    options = {"num_servers": 2, "gpus_per_server": 0, "batching_max_size": 4, "max_inflight_per_server": 2,
+               "health_timeout_s": HEALTH_TIMEOUT_S, "http_timeout_s": 120.0, "http_max_retries": 3,
+               "http_retry_backoff_s": 0.2, "max_restarts": 2, "base_port": 31000}
+    return SGLangConfig(**{**options, **overrides})
+
+
+@pytest.fixture(scope="module")
+def group(model_cfg: RolloutModelConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangServerGroup]:
+    """Started here; the last test stops it by raising inside ``with group:`` (close() here is a no-op then)."""
+    servers = SGLangServerGroup(model_cfg, _sglang_cfg(), log_dir=tmp_path_factory.mktemp("logs"))
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module")
+def adapter(model_cfg: RolloutModelConfig) -> Cosmos3ActionAdapter:
+    return Cosmos3ActionAdapter(model_cfg, batching_max_size=4)
+
+
+def _obs(tasks: list[str], seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    n = len(tasks)
+    return {"main_images": rng.integers(0, 256, (n, 256, 256, 3), dtype=np.uint8),
+            "wrist_images": rng.integers(0, 256, (n, 256, 256, 3), dtype=np.uint8),
+            "task_descriptions": tasks}
+
+
+def test_group_serves_batched_requests(group: SGLangServerGroup, adapter: Cosmos3ActionAdapter) -> None:
+    assert len(group.urls) == 2 and len(set(group.urls)) == 2
+    tasks = [SHORT_A, LONG, SHORT_B, SHORT_A, LONG, SHORT_B, SHORT_A]
+    groups = adapter.request_groups(_obs(tasks))
+    assert sorted(len(g) for g in groups) == [1, 2, 4]  # 5 short prompts -> 4 + 1, 2 long
+
+    actions = asyncio.run(adapter.predict(_obs(tasks), group))
+
+    assert actions.shape == (7, 16, 7) and actions.dtype == np.float32
+    assert np.isfinite(actions).all()
+    assert set(np.unique(actions[..., 6])) <= {-1.0, 1.0}
+    assert (np.linalg.norm(actions[..., 3:6], axis=-1) <= np.pi + 1e-5).all()
+    assert not np.allclose(actions[0], actions[1])
+    # Three requests, at most two in flight per server, least-loaded first: both servers work.
+    assert all(s["served"] >= 1 for s in group.stats()), group.stats()
+
+
+def test_token_length_groups_are_what_the_server_batches(group: SGLangServerGroup,
+                                                         adapter: Cosmos3ActionAdapter) -> None:
+    obs = _obs([SHORT_A, SHORT_B, LONG])
+    (same_length,) = [g for g in adapter.request_groups(obs) if len(g) == 2]
+    mixed = adapter.build_request(same_length)
+    mixed["input"]["task"] = [SHORT_A, LONG]
+    client = ActionHTTPClient(group.urls[0], max_retries=0, timeout_s=120)
+
+    async def go() -> None:
+        try:
+            answer = await client.post(adapter.build_request(same_length))
+            assert np.asarray(answer["actions"]).shape == (2, 16, 10)
+            with pytest.raises(ServerUnavailableError, match="HTTP 500"):
+                await client.post(mixed)  # the server refuses prompts of unequal token length
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_killed_server_is_restarted_and_requests_retried(group: SGLangServerGroup,
+                                                         adapter: Cosmos3ActionAdapter) -> None:
+    obs = _obs([SHORT_A, SHORT_B, SHORT_A, SHORT_B] * 3, seed=1)
+    payloads = [adapter.build_request(g) for g in adapter.request_groups(obs)] * 2  # 6 requests of 4
+    for payload in payloads:
+        payload["parameters"]["num_inference_steps"] = 10  # keep requests in flight long enough to hit one
+    victim = group.servers[0]
+    old_pid = victim.pid
+    assert old_pid is not None
+
+    async def scenario() -> tuple[list[np.ndarray], list[np.ndarray]]:
+        reference = await group.generate(payloads)
+        slot = group._slots[0]
+        task = asyncio.create_task(group.generate(payloads))
+        while slot.inflight == 0:
+            await asyncio.sleep(0.005)
+        os.kill(old_pid, signal.SIGKILL)
+        results = await task
+        await group.wait_all_ready(HEALTH_TIMEOUT_S)
+        return reference, results
+
+    reference, results = asyncio.run(scenario())
+
+    assert len(results) == len(payloads)
+    for got, want in zip(results, reference, strict=True):
+        assert got.shape == (4, 16, 10)
+        np.testing.assert_array_equal(got, want)  # a retried request gives the same answer
+    stats = group.stats()
+    assert stats[0]["restarts"] == 1 and stats[0]["state"] == "ready", stats
+    assert victim.pid not in (None, old_pid) and victim.alive()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(old_pid, 0)  # the dead server's whole process group is gone
+    # The restarted server answers.
+    answer = asyncio.run(group.generate(payloads[:1]))
+    np.testing.assert_array_equal(answer[0], reference[0])
+
+
+def test_exception_inside_with_block_leaves_no_process(group: SGLangServerGroup) -> None:
+    pids = [server.pid for server in group.servers]
+    # Each server and the scheduler it forked carry the tag.
+    assert len(_tagged_processes(group.tag)) >= 2 * len(pids)
+    with pytest.raises(RuntimeError, match="boom"), group:  # entering a started group does not restart it
+        assert [server.pid for server in group.servers] == pids
+        raise RuntimeError("boom")
+    _assert_nothing_left(group.tag)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+    group.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        group.start()
+
+
+def test_start_failures_show_the_log_tail(model_cfg: RolloutModelConfig, tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus_model"
+    bogus.mkdir()
+    (bogus / "model_index.json").write_text(json.dumps({"_class_name": "NoSuchPipeline"}))
+    broken = SGLangServerGroup(RolloutModelConfig(model_path=str(bogus)), _sglang_cfg(num_servers=1),
+                               log_dir=tmp_path / "bogus")
+    # sglang takes an unknown model for a language model and rejects the diffusion server's flags.
+    with pytest.raises(ServerStartError, match=r"(?s)exited with code 2 .*last lines:\n.*unrecognized arguments"):
+        broken.start()
+    _assert_nothing_left(broken.tag)
+
+    slow = SGLangServerGroup(model_cfg, _sglang_cfg(num_servers=1, health_timeout_s=2.0), log_dir=tmp_path / "slow")
+    with pytest.raises(ServerStartError, match=r"not healthy after 2 s \(health_timeout_s\); log .*launch1\.log"):
+        slow.start()
+    _assert_nothing_left(slow.tag)
