@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -101,6 +102,9 @@ def _never_dedup_rank_lines() -> None:
             dedup.allow_re = re.compile(RANK_TAG_PATTERN if old is None else f"{RANK_TAG_PATTERN}|{old}")
 
 
+LOCAL_START_WAIT_S = 120
+
+
 class Cluster:
     """The run's connection to Ray; use as a context manager or call :meth:`shutdown`."""
 
@@ -113,6 +117,10 @@ class Cluster:
             # leave its lifetime to them.
             logger.warning("Ray is already initialised in this process; reusing it (it will not be shut down here)")
         else:
+            if self.config.address is None:
+                # Ray's 10 s default for the raylet to register is too short on a small, busy machine
+                # (2 cores running simulators): give a local start more time unless the user chose.
+                os.environ.setdefault("RAY_raylet_start_wait_time_s", str(LOCAL_START_WAIT_S))
             ray.init(**self._init_kwargs())
             self._owns_ray = self.config.address is None
             self._connected = True

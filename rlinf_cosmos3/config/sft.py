@@ -81,6 +81,8 @@ class RunnerConfig:
     """``runner``: how long, where the outputs go, how often to log and save."""
 
     experiment_name: str = "libero_sft_cosmos3"
+    logs_dir: str = "logs"
+    """Where the run directory ``<logs_dir>/<timestamp>-<config>/`` (log, TensorBoard, config) goes."""
     log_path: str = "logs"
     """Root for checkpoints: ``<log_path>/<experiment_name>/checkpoints/global_step_<N>/``."""
     max_steps: int = 5000

@@ -32,10 +32,11 @@ def checkpoint_root(cfg: SFTConfig) -> Path:
     return Path(cfg.runner.log_path) / cfg.runner.experiment_name / "checkpoints"
 
 
-def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str, logs_dir: str | Path = "logs") -> int:
+def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
     """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
     resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
     resolved.pop("hydra", None)
+    logs_dir = (resolved.get("runner") or {}).get("logs_dir") or "logs"
     run_dir = create_run_dir(logs_dir, config_name, RUN_LOG_NAME)
     setup_run_logging(run_dir)
     run_dir.save_config(resolved)
