@@ -19,11 +19,16 @@ import pytest
 
 from rlinf_cosmos3.actions import write_action_stats
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.models.cosmos3.observation import compose_observation
+from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observation
 from rlinf_cosmos3.models.cosmos3.tiny import build_tokenizer
 from rlinf_cosmos3.workers.rollout import codec
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
-from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.config import (
+    DEFAULT_VIEW_POINT,
+    EmbeddedConfig,
+    RolloutModelConfig,
+    SGLangConfig,
+)
 from rlinf_cosmos3.workers.rollout.protocol import response_actions
 
 # global_raw quantiles per channel: dpos x, y, z | rot6d (6) | gripper.
@@ -218,6 +223,7 @@ def test_model_identity_mismatches_are_errors(model_dir: Path, stats_path: Path,
 
 
 def test_serving_configs_validate(tmp_path: Path) -> None:
+    assert DEFAULT_VIEW_POINT == VIEW_POINT  # the caption framing the canvas was composed for
     assert SGLangConfig().validate().interpreter.is_file()
     with pytest.raises(ConfigError, match="rollout.sglang.python.*not found"):
         SGLangConfig(python=str(tmp_path / "python")).validate()

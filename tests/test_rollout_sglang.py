@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,52 @@ def test_start_failures_show_the_log_tail(model_cfg: RolloutModelConfig, tmp_pat
     with pytest.raises(ServerStartError, match=r"not healthy after 2 s \(health_timeout_s\); log .*launch1\.log"):
         slow.start()
     _assert_nothing_left(slow.tag)
+
+
+_DRIVER = """
+import logging, sys, threading, time
+from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
+
+logging.basicConfig(level=logging.INFO)
+mode, model_path, log_dir = sys.argv[1:4]
+cfg = SGLangConfig(num_servers=1, gpus_per_server=0, health_timeout_s=600, base_port=31000)
+group = SGLangServerGroup(RolloutModelConfig(model_path=model_path), cfg, log_dir=log_dir)
+print(group.tag, flush=True)
+if mode == "exit":  # the driver ends while its group is still starting in another thread
+    threading.Thread(target=group.start, daemon=True).start()
+    while not (group.servers and group.servers[0].pid):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    sys.exit(0)
+group.start()  # signalled by the test while waiting for health
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exit"])
+def test_driver_signal_or_exit_stops_servers(model_cfg: RolloutModelConfig, tmp_path: Path, how: str) -> None:
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, how, model_cfg.model_path, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        tag = driver.stdout.readline().strip()
+        assert tag.startswith("sglang-"), tag
+        deadline = time.monotonic() + 120
+        while not _tagged_processes(tag):
+            assert time.monotonic() < deadline and driver.poll() is None, driver.stdout.read()
+            time.sleep(0.1)
+        if how != "exit":
+            driver.send_signal(getattr(signal, how))
+        code = driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    output = driver.stdout.read()
+    _assert_nothing_left(tag)
+    if how == "SIGTERM":
+        assert code == -signal.SIGTERM, output  # the default action still ends the driver
+    elif how == "SIGINT":
+        assert code != 0 and "KeyboardInterrupt" in output, output
+    else:
+        assert code == 0, output
+    assert "SGLangServerGroup: 1 server(s) stopped" in output or "stopped (pid" in output, output

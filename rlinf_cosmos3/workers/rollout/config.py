@@ -16,9 +16,11 @@ from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_path
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
-from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT
 from rlinf_cosmos3.paths import sglang_python
 
+DEFAULT_VIEW_POINT = "concat_view"
+"""= ``rlinf_cosmos3.models.cosmos3.observation.VIEW_POINT`` (not imported: that module needs torch,
+and configs must stay light to load); tests/test_rollout_adapter.py checks that they agree."""
 ENV_ACTION_DIM = 7
 """LIBERO's command width: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
 RESPONSE_FORMATS = ("raw", "envelope")
@@ -56,7 +58,7 @@ class RolloutModelConfig:
     seed: int = 42
     guidance_scale: float = 1.0
     """1.0 = no classifier-free guidance (SGLang's action default; diffusers' own default is 6.0)."""
-    view_point: str = VIEW_POINT
+    view_point: str = DEFAULT_VIEW_POINT
     """Framing sentence of the action caption; the side-by-side canvas is a ``concat_view``."""
     precision: str = "bf16"
     """dtype of the embedded backend's pipeline (SGLang picks its own)."""
