@@ -108,3 +108,5 @@ def test_policy_from_a_meta_transformer(tiny_dir: Path) -> None:
     _assert_same_state(policy.transformer, loading.load_transformer(tiny_dir))
     assert policy.pipeline.transformer is policy.transformer
     assert policy.compute_dtype == torch.float32
+    policy.train()
+    assert policy.transformer.training and not policy.vae.training

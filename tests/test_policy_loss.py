@@ -129,6 +129,15 @@ def test_latent_frame_validity() -> None:
     assert latent_frame_valid(pad, 4).tolist() == [True, True, False, False, False]
 
 
+def test_malformed_batches_are_rejected(policy: Cosmos3Policy, batch: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        policy.encode_batch({**batch, "prompt": batch["prompt"][:1]})
+    with pytest.raises(ValueError, match="17"):
+        policy.encode_batch({**batch, "image": batch["image"][:, :9], "wrist_image": batch["wrist_image"][:, :9]})
+    with pytest.raises(ValueError, match="actions"):
+        policy.encode_batch({**batch, "actions": batch["actions"][..., :7]})
+
+
 # ----------------------------------------------------------------------------- the loss
 
 

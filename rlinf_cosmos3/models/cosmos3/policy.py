@@ -239,6 +239,12 @@ class Cosmos3Policy(nn.Module):
         vae = loading.load_vae(model_dir, dtype=vae_dtype, device=device)
         return cls(transformer, vae, loading.load_tokenizer(model_dir), loading.load_scheduler(model_dir), cfg)
 
+    def train(self, mode: bool = True) -> Cosmos3Policy:
+        """Train mode for the transformer only: the frozen VAE stays in eval mode."""
+        super().train(mode)
+        self.vae.eval()
+        return self
+
     # ------------------------------------------------------------------ properties
 
     @property
@@ -261,6 +267,11 @@ class Cosmos3Policy(nn.Module):
         prompts = batch["prompt"]
         main, wrist = batch[cfg.main_image_key], batch[cfg.wrist_image_key]
         actions = batch["actions"]
+        if not main.shape[0] == wrist.shape[0] == actions.shape[0] == len(prompts):
+            raise ValueError(
+                f"batch sizes differ: {main.shape[0]} main, {wrist.shape[0]} wrist, "
+                f"{actions.shape[0]} action chunks, {len(prompts)} prompts"
+            )
         if main.shape[1] != cfg.num_frames:
             raise ValueError(f"batch has {main.shape[1]} frames per sample, the policy needs {cfg.num_frames}")
         if tuple(actions.shape[1:]) != (cfg.action_horizon, self.domain.raw_action_dim):
