@@ -36,5 +36,7 @@ class EpisodeResult:
 
 def episode_log_line(result: EpisodeResult) -> str:
     """``[libero eval] task_id=.., trial_id=.., success=..`` exactly as RLinf's LIBERO eval logs it
-    (success = ``success_once``), so existing log parsers keep working."""
-    return f"[libero eval] task_id={result.task_id}, trial_id={result.trial_id}, success={result.success_once}"
+    (success = ``success_once``), so existing log parsers keep working. An episode that could not be
+    run gets ``, error=..`` appended: parsers count it as a failure, a reader sees why."""
+    line = f"[libero eval] task_id={result.task_id}, trial_id={result.trial_id}, success={result.success_once}"
+    return line if result.error is None else f"{line}, error={result.error}"

@@ -1,0 +1,278 @@
+"""One env slot: a LIBERO simulator process and the episodes assigned to it, as a state machine.
+
+The slot never blocks on its own: :meth:`EnvSlot.send_request` sends the next command and
+:meth:`EnvSlot.on_reply` consumes its answer, so :class:`~rlinf_cosmos3.workers.env.stage.EnvStage`
+can send to every slot before collecting any reply and the simulators run in parallel.
+
+Episode life: ``START`` (``make`` the task if this process has not built it, then ``reset`` to the
+init state) -> ``SETTLE`` (``num_settle_steps`` no-ops) -> ``READY`` (observation out, waiting for an
+action chunk) -> ``STEP`` (the chunk, cut at the cap) -> ``READY`` ... until the cap or, with
+``stop_on_success``, the first success; then the next assigned episode starts, or the slot goes
+``IDLE`` and its process is closed. A process that dies, hangs or fails a command is replaced and
+the episode re-run from its start; after ``max_episode_retries`` re-runs it is reported with
+``error``. A result is produced exactly once per assigned episode.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, SimProcessError
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.workers.env.config import EnvEvalConfig
+from rlinf_cosmos3.workers.env.episodes import Episode
+from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply
+from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
+from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
+
+logger = logging.getLogger(__name__)
+
+SIM_FAILURES = (SimProcessError, SimCommandError)
+"""Failures that cost the episode its attempt (and the process its life), not the whole eval."""
+ACTION_DIM = 7
+STATE_DIM = 8
+# robosuite raises once its own horizon is passed; keep it beyond every cap.
+MIN_SIM_HORIZON = 1000
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # no episode left; no process
+    START = "start"  # make (if needed) and reset
+    SETTLE = "settle"  # no-op steps still to run
+    READY = "ready"  # observation available, waiting for actions
+    STEP = "step"  # actions still to run
+
+
+class EnvSlot:
+    """A simulator process evaluating its block of episodes one after the other."""
+
+    def __init__(self, slot_id: int, episodes: Sequence[Episode], cfg: EnvEvalConfig) -> None:
+        self.slot_id = slot_id
+        self.cfg = cfg
+        self.cap = cfg.resolved_max_episode_steps()
+        self.max_attempts = 1 + cfg.max_episode_retries
+        self.num_assigned = len(episodes)
+        self.num_reported = 0
+        self.num_makes = 0
+        self.num_process_starts = 0
+        self.proc: LiberoSimProcess | None = None
+        self.phase = Phase.IDLE
+        self.episode: Episode | None = None
+        self.attempts = 0
+        self.prompt = ""
+        self.obs: dict[str, np.ndarray] = {}
+        self.steps = 0
+        self.success_once = False
+        self.success_at_end = False
+        self._queue = deque(episodes)
+        self._built_task: int | None = None
+        self._in_flight: str | None = None
+        self._pending: np.ndarray = np.zeros((0, ACTION_DIM))
+        self._video: EpisodeVideoWriter | None = None
+        self._next_episode()
+
+    def __repr__(self) -> str:
+        return f"EnvSlot({self.slot_id}, {self.phase.value}, episode={self.episode}, steps={self.steps})"
+
+    # ------------------------------------------------------------------ state
+    @property
+    def idle(self) -> bool:
+        return self.phase is Phase.IDLE
+
+    @property
+    def ready(self) -> bool:
+        return self.phase is Phase.READY
+
+    @property
+    def wants_request(self) -> bool:
+        """True while the slot has simulator work to do before it can show an observation."""
+        return self.phase in (Phase.START, Phase.SETTLE, Phase.STEP)
+
+    @property
+    def process_id(self) -> int | None:
+        return self.proc.process_id if self.proc is not None and self.proc.alive else None
+
+    # ------------------------------------------------------------------ process
+    def ensure_process(self) -> None:
+        """Start this slot's simulator process if it has none (blocks ~1 s for the interpreter)."""
+        if self.proc is not None:
+            return
+        self.num_process_starts += 1
+        self.proc = LiberoSimProcess(
+            name=f"libero-env-slot{self.slot_id}", timeout_s=self.cfg.sim_timeout_s,
+            startup_timeout_s=self.cfg.sim_startup_timeout_s)
+        self._built_task = None
+
+    def close(self) -> None:
+        """Stop the process politely (SIGTERM/SIGKILL behind it); drop an unfinished video."""
+        self._discard_video()
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            proc.close()
+
+    def kill(self) -> None:
+        """Stop the process at once (an aborting worker does not wait for polite replies)."""
+        self._discard_video()
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            proc.kill(grace_s=2.0)
+
+    # ------------------------------------------------------------------ requests
+    def send_request(self) -> None:
+        """Send the command that moves the episode forward; raises a SIM_FAILURES error if it cannot."""
+        if not self.wants_request:
+            raise RuntimeError(f"slot {self.slot_id} has nothing to send in phase {self.phase.value}")
+        self.ensure_process()
+        assert self.proc is not None and self.episode is not None
+        if self.phase is Phase.START:
+            if self._built_task != self.episode.task_id:
+                cap = self.cfg.image_size
+                self.proc.send("make", suite=self.cfg.suite, task_id=self.episode.task_id, camera_height=cap,
+                               camera_width=cap, seed=self.cfg.seed, horizon=max(MIN_SIM_HORIZON, self.cap + 1),
+                               hard_reset=True)
+                self._in_flight = "make"
+            else:
+                self.proc.send("reset", init_state_id=self.episode.trial_id, privileged=False)
+                self._in_flight = "reset"
+            return
+        stop = self.phase is Phase.STEP and self.cfg.stop_on_success
+        self.proc.send("chunk_step", {"actions": self._pending}, stop_on_success=stop,
+                       return_frames=self.cfg.save_video, privileged=False)
+        self._in_flight = self.phase.value
+
+    def receive(self) -> Reply:
+        """The reply to the request in flight (raises a SIM_FAILURES error if the process fails)."""
+        assert self.proc is not None
+        return self.proc.recv()
+
+    def give_actions(self, actions: np.ndarray) -> None:
+        """Hand a READY slot its chunk ``[K, 7]``; only the steps left under the cap will run."""
+        if not self.ready:
+            raise RuntimeError(f"slot {self.slot_id} is not waiting for actions (phase {self.phase.value})")
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.ndim != 2 or actions.shape[1] != ACTION_DIM or len(actions) == 0:
+            raise ValueError(f"slot {self.slot_id}: actions must have shape [K>=1, {ACTION_DIM}], got {actions.shape}")
+        self._pending = actions[: self.cap - self.steps]
+        self.phase = Phase.STEP
+
+    # ------------------------------------------------------------------ replies
+    def on_reply(self, reply: Reply) -> EpisodeResult | None:
+        """Advance with the reply to the command in flight; the result if the episode ended."""
+        cmd, self._in_flight = self._in_flight, None
+        assert self.episode is not None
+        if cmd == "make":
+            self._built_task = self.episode.task_id
+            self.num_makes += 1
+            self.prompt = prompt_from_make_reply(reply)
+            return None  # still START: the reset follows
+        if cmd == "reset":
+            self._set_obs(reply)
+            self._pending = np.tile(np.asarray(NOOP_ACTION, dtype=np.float64), (self.cfg.num_settle_steps, 1))
+            self.phase = Phase.SETTLE if len(self._pending) else Phase.READY
+            return None
+        if cmd not in ("settle", "step"):
+            raise RuntimeError(f"slot {self.slot_id}: reply to unknown command {cmd!r}")
+        n = int(reply["num_steps"])
+        self.steps += n
+        self._pending = self._pending[n:]
+        self._set_obs(reply)
+        self._record_frames(reply)
+        if cmd == "settle":  # objects settling: success is not the policy's yet
+            self.phase = Phase.SETTLE if len(self._pending) else Phase.READY
+            return None
+        successes = np.asarray(reply["successes"], dtype=bool)
+        self.success_once |= bool(successes.any())
+        self.success_at_end = bool(successes[-1])
+        if self.steps >= self.cap or (self.cfg.stop_on_success and self.success_once):
+            return self._finish(error=None)
+        # The bridge stops a chunk at LIBERO's done (= success); without stop_on_success the rest still runs.
+        self.phase = Phase.STEP if len(self._pending) else Phase.READY
+        return None
+
+    def on_failure(self, exc: BaseException) -> EpisodeResult | None:
+        """The process failed: replace it and re-run the episode, or report it after the last attempt."""
+        self._in_flight = None
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        assert self.episode is not None
+        logger.warning("slot %d: %s on %s task %d trial %d (attempt %d/%d): %s", self.slot_id, type(exc).__name__,
+                       self.cfg.suite, self.episode.task_id, self.episode.trial_id, self.attempts, self.max_attempts,
+                       first_line)
+        self.kill()
+        if self.attempts >= self.max_attempts:
+            return self._finish(error=f"{type(exc).__name__} on each of {self.attempts} attempt(s); last: {first_line}")
+        self._begin_attempt()
+        return None
+
+    # ------------------------------------------------------------------ internals
+    def _set_obs(self, reply: Reply) -> None:
+        self.obs = {"main_image": reply["main_image"], "wrist_image": reply["wrist_image"], "state": reply["state"]}
+
+    def _record_frames(self, reply: Reply) -> None:
+        if not self.cfg.save_video:
+            return
+        if self._video is None:
+            assert self.episode is not None and self.cfg.video_dir is not None
+            self._video = EpisodeVideoWriter(self._video_path("running"), self.cfg.video_fps)
+        self._video.add(reply["main_images"], reply["wrist_images"])
+
+    def _video_path(self, outcome: str) -> Path:
+        assert self.episode is not None and self.cfg.video_dir is not None
+        name = f"task{self.episode.task_id:02d}_trial{self.episode.trial_id:02d}_{outcome}.mp4"
+        return Path(self.cfg.video_dir) / self.cfg.suite / name
+
+    def _discard_video(self) -> None:
+        if self._video is not None:
+            self._video.discard()
+            self._video = None
+
+    def _begin_attempt(self) -> None:
+        self.attempts += 1
+        self.steps = 0
+        self.success_once = self.success_at_end = False
+        self.obs = {}
+        self._pending = np.zeros((0, ACTION_DIM))
+        self._discard_video()
+        self.phase = Phase.START
+
+    def _next_episode(self) -> None:
+        if self._queue:
+            self.episode = self._queue.popleft()
+            self.attempts = 0
+            self._begin_attempt()
+            return
+        self.episode = None
+        self.phase = Phase.IDLE
+        self.close()  # frees the process's memory and core for the slots still running
+
+    def _finish(self, error: str | None) -> EpisodeResult:
+        assert self.episode is not None
+        video_path = None
+        if error is None and self._video is not None:
+            final = self._video.finish(self._video_path("success" if self.success_once else "failure"))
+            video_path = str(final) if final is not None else None
+            self._video = None
+        self._discard_video()
+        result = EpisodeResult(
+            suite=self.cfg.suite, task_id=self.episode.task_id, trial_id=self.episode.trial_id,
+            success_once=self.success_once if error is None else False,
+            success_at_end=self.success_at_end if error is None else False,
+            steps=self.steps if error is None else 0, video_path=video_path, error=error,
+            slot_id=self.slot_id, attempts=self.attempts, task_description=self.prompt)
+        self.num_reported += 1
+        logger.log(logging.INFO if error is None else logging.ERROR, "%s", episode_log_line(result))
+        self._next_episode()
+        return result
+
+
+def describe(slot: EnvSlot) -> dict[str, Any]:
+    """Counters of one slot (for logs and tests)."""
+    return {"slot_id": slot.slot_id, "phase": slot.phase.value, "assigned": slot.num_assigned,
+            "reported": slot.num_reported, "makes": slot.num_makes, "process_starts": slot.num_process_starts,
+            "pid": slot.process_id}

@@ -1,0 +1,343 @@
+"""The LIBERO env worker as a real Ray actor driving real LIBERO simulator processes.
+
+Kept cheap for 2 cores: libero_spatial, a 32-step cap (10 settle + 22 policy steps, i.e. two
+chunk steps of 16 and 6 actions), at most 2 simulators at a time. Every test checks that the
+simulator processes it saw are gone at the end; only our own pids are checked, since other
+simulators may run on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from rlinf_cosmos3.cluster import Cluster, ClusterConfig, WorkerError, WorkerGroup
+from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
+from rlinf_cosmos3.sim.client import LiberoSimProcess
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.workers.env.config import EnvEvalConfig
+from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker
+from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
+from rlinf_cosmos3.workers.env.stage import (
+    MAIN_IMAGES,
+    SLOT_IDS,
+    STATES,
+    TASK_DESCRIPTIONS,
+    TASK_IDS,
+    TRIAL_IDS,
+    WRIST_IMAGES,
+    StageOutput,
+)
+from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
+
+pytestmark = pytest.mark.libero
+
+CAP = 32
+CALL_TIMEOUT_S = 600
+NOOP = np.asarray(NOOP_ACTION, dtype=np.float64)
+# LIBERO's task.language of libero_spatial tasks 0..2 (the prompts of both reference evaluations)
+SPATIAL_PROMPTS = {
+    0: "pick up the black bowl between the plate and the ramekin and place it on the plate",
+    1: "pick up the black bowl next to the ramekin and place it on the plate",
+    2: "pick up the black bowl from table center and place it on the plate",
+}
+
+
+def _noop_chunk(n: int, k: int = 16) -> np.ndarray:
+    return np.tile(NOOP, (n, k, 1))
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Non-zombie processes of process group ``pgid`` (a simulator and anything it spawned)."""
+    live = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                live.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return live
+
+
+def _wait_all_gone(pgids: set[int], timeout_s: float = 20.0) -> dict[int, list[int]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = {g: live for g in pgids if (live := _live_in_group(g))}
+        if not left or time.monotonic() > deadline:
+            return left
+
+
+def _is_simulator(pid: int) -> bool:
+    return "rlinf_cosmos3.sim.libero_server" in " ".join(psutil.Process(pid).cmdline())
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    temp_dir = Path(f"/tmp/re{os.getpid()}")
+    c = Cluster(ClusterConfig(num_cpus=2, object_store_memory_mb=100, temp_dir=str(temp_dir)))
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+@contextmanager
+def env_group(cluster: Cluster, cfg: EnvEvalConfig, stages: int = 1) -> Iterator[WorkerGroup]:
+    group = WorkerGroup(LiberoEnvWorker, cluster, cfg.num_workers, kwargs={"cfg": cfg, "pipeline_stage_num": stages},
+                        init_distributed=False, cpus_per_rank=0.5, name="libero-env")
+    try:
+        yield group
+    finally:
+        if group.actors:  # not shut down by the test itself
+            try:
+                group.call("close", timeout_s=120)
+            except WorkerError:
+                pass  # a rank that already died is cleaned up by its simulators' parent-death signal
+        group.shutdown()
+
+
+def _call(group: WorkerGroup, method: str, *args: object) -> object:
+    return group.call_rank(0, method, *args, timeout_s=CALL_TIMEOUT_S)
+
+
+def _step(group: WorkerGroup, stage: int, obs: dict) -> StageOutput:
+    return _call(group, "chunk_step", stage, _noop_chunk(len(obs[SLOT_IDS])), obs[SLOT_IDS])
+
+
+def _slot_pid(group: WorkerGroup, slot_id: int) -> int:
+    pid = next(s["pid"] for s in _call(group, "stats") if s["slot_id"] == slot_id)
+    assert pid is not None, f"slot {slot_id} has no live simulator"
+    return pid
+
+
+def _decode(path: str) -> list[np.ndarray]:
+    import av
+
+    with av.open(path) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+
+
+# ------------------------------------------------------------------------------------------ no simulator
+def test_log_line_is_the_reference_format() -> None:
+    result = EpisodeResult("libero_goal", 3, 17, True, False, 120)
+    assert episode_log_line(result) == "[libero eval] task_id=3, trial_id=17, success=True"
+    failed = EpisodeResult("libero_goal", 3, 18, False, False, 0, error="SimProcessError on each of 3 attempt(s)")
+    assert episode_log_line(failed) == \
+        "[libero eval] task_id=3, trial_id=18, success=False, error=SimProcessError on each of 3 attempt(s)"
+    assert result.to_dict()["error"] is None and result.to_dict()["steps"] == 120
+
+
+def test_video_writer_streams_and_renames_only_when_finished(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    main = rng.integers(0, 255, (5, 64, 64, 3), dtype=np.uint8)
+    wrist = np.zeros_like(main)
+    writer = EpisodeVideoWriter(tmp_path / "ep.mp4", fps=20)
+    writer.add(main[:3], wrist[:3])
+    writer.add(main[3:], wrist[3:])
+    assert not (tmp_path / "ep.mp4").exists(), "an unfinished video must not look finished"
+    final = writer.finish(tmp_path / "ep_success.mp4")
+    frames = _decode(str(final))
+    assert len(frames) == 5 and frames[0].shape == (64, 128, 3)
+    assert frames[0][:, 64:].mean() < 10 < frames[0][:, :64].mean()  # wrist (black) on the right
+    dropped = EpisodeVideoWriter(tmp_path / "crashed.mp4", fps=20)
+    dropped.add(main, wrist)
+    dropped.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep_success.mp4"]
+
+
+# ------------------------------------------------------------------------------------------ real workers
+def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, tmp_path: Path) -> None:
+    """1 stage x 2 slots, 3 episodes: slot 0 runs (task 0, trial 0) then (task 1, trial 0) -- a new
+    task, so a re-make; slot 1 runs (task 2, trial 0) and then idles (padding)."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0, 1, 2], trials_per_task=1, total_num_envs=2,
+                        max_episode_steps=CAP, save_video=True, video_dir=str(tmp_path / "videos"))
+    pgids: set[int] = set()
+    with env_group(cluster, cfg) as group:
+        info = _call(group, "setup")
+        assert info == {"rank": 0, "stages": 1, "slots": 2, "busy_slots": 2, "episodes": 3}
+        pids = _call(group, "sim_process_ids")
+        pgids.update(pids)
+        assert len(pids) == 2 and all(_is_simulator(p) for p in pids)
+
+        out = _call(group, "observe", 0)
+        obs = out.obs
+        assert out.results == [] and not out.done
+        assert obs[SLOT_IDS].tolist() == [0, 1]
+        assert obs[TASK_IDS].tolist() == [0, 2] and obs[TRIAL_IDS].tolist() == [0, 0]
+        assert obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[0], SPATIAL_PROMPTS[2]]
+        for key in (MAIN_IMAGES, WRIST_IMAGES):
+            assert obs[key].shape == (2, 256, 256, 3) and obs[key].dtype == np.uint8
+            assert obs[key].std() > 10, f"{key} looks blank"
+        assert not np.array_equal(obs[MAIN_IMAGES], obs[WRIST_IMAGES])
+        assert obs[STATES].shape == (2, 8) and obs[STATES].dtype == np.float32
+        # after the settle no-ops (gripper commanded open) the Panda fingers are open
+        assert (obs[STATES][:, 6] > 0.03).all() and (obs[STATES][:, 7] < -0.03).all()
+
+        out = _step(group, 0, obs)  # steps 10 -> 26
+        assert out.results == [] and out.obs[SLOT_IDS].tolist() == [0, 1]
+        out = _step(group, 0, out.obs)  # only 6 of the 16 actions fit under the cap
+        results = sorted(out.results, key=lambda r: r.task_id)
+        assert [(r.task_id, r.trial_id) for r in results] == [(0, 0), (2, 0)]
+        for r in results:
+            assert (r.suite, r.steps, r.success_once, r.success_at_end, r.error, r.attempts) == \
+                ("libero_spatial", CAP, False, False, None, 1)
+            assert r.task_description == SPATIAL_PROMPTS[r.task_id]
+        assert [r.slot_id for r in results] == [0, 1]
+        # auto-reset: slot 0 shows its next episode, slot 1 has none left and idles
+        assert out.obs[SLOT_IDS].tolist() == [0] and out.obs[TASK_IDS].tolist() == [1]
+        assert out.obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[1]]
+        assert out.obs[MAIN_IMAGES].shape == (1, 256, 256, 3) and not out.done
+        assert len(_call(group, "sim_process_ids")) == 1, "the idle slot's simulator should be closed"
+        assert not _call(group, "done")
+
+        out = _step(group, 0, out.obs)
+        assert out.results == []
+        out = _step(group, 0, out.obs)
+        assert [(r.task_id, r.trial_id, r.steps, r.error) for r in out.results] == [(1, 0, CAP, None)]
+        results.extend(out.results)
+        assert out.done and out.obs[SLOT_IDS].tolist() == [] and out.obs[MAIN_IMAGES].shape == (0, 256, 256, 3)
+        assert _call(group, "done")
+
+        stats = {s["slot_id"]: s for s in _call(group, "stats")}
+        assert (stats[0]["makes"], stats[0]["process_starts"], stats[0]["reported"]) == (2, 1, 2)
+        assert (stats[1]["makes"], stats[1]["process_starts"], stats[1]["reported"]) == (1, 1, 1)
+        _call(group, "close")
+        assert not _wait_all_gone(pgids), "simulator processes left after close()"
+
+    for r in results:  # one decodable mp4 per episode, one frame per step, main | wrist
+        assert r.video_path is not None and r.video_path.endswith(f"task{r.task_id:02d}_trial00_failure.mp4")
+        frames = _decode(r.video_path)
+        assert len(frames) == r.steps == CAP
+        assert frames[0].shape == (256, 512, 3)
+    assert not list((tmp_path / "videos").rglob("*.partial"))
+
+
+def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) -> None:
+    """2 stages x 1 slot, task 0 trials 0..2: stage 0 runs trials 0, 1 (one env build for both),
+    stage 1 runs trial 2, whose simulator is SIGKILLed during a chunk step 26 steps in: the episode
+    is re-run from its start on a new process and reported once, complete. Three results in total."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=3, total_num_envs=2,
+                        max_episode_steps=CAP, max_episode_retries=1)
+    pgids: set[int] = set()
+    results: list[EpisodeResult] = []
+    with env_group(cluster, cfg, stages=2) as group:
+        _call(group, "setup")
+        out0 = _call(group, "observe", 0)
+        out1 = _call(group, "observe", 1)
+        assert out0.obs[TRIAL_IDS].tolist() == [0] and out1.obs[TRIAL_IDS].tolist() == [2]
+        out1 = _step(group, 1, out1.obs)  # trial 2 is 26 steps in
+        victim = _slot_pid(group, 1)
+        pgids.add(victim)
+        ref = group.call_async("chunk_step", 1, _noop_chunk(1), out1.obs[SLOT_IDS], ranks=[0])
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        out1 = group.gather(ref, [0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)[0]
+        assert out1.results == [], "a crashed episode must be re-run, not reported"
+        assert out1.obs[TRIAL_IDS].tolist() == [2] and out1.obs[SLOT_IDS].tolist() == [1]
+        replacement = _slot_pid(group, 1)
+        pgids.add(replacement)
+        assert replacement != victim and _is_simulator(replacement)
+        out1 = _step(group, 1, out1.obs)
+        assert out1.results == [], "the re-run starts from step 0, so it needs both chunks again"
+        out1 = _step(group, 1, out1.obs)
+        assert [(r.trial_id, r.steps, r.error, r.attempts) for r in out1.results] == [(2, CAP, None, 2)]
+        assert out1.done
+        results += out1.results
+
+        while not out0.done:
+            out0 = _step(group, 0, out0.obs)
+            results += out0.results
+        assert _call(group, "done")
+        stats = {s["slot_id"]: s for s in _call(group, "stats")}
+        assert stats[0]["makes"] == 1, "two episodes of the same task must share one env build"
+        assert (stats[1]["process_starts"], stats[1]["makes"]) == (2, 2)
+        _call(group, "close")
+    assert sorted((r.task_id, r.trial_id, r.error) for r in results) == [(0, 0, None), (0, 1, None), (0, 2, None)]
+    assert not _wait_all_gone(pgids), "simulator processes left behind"
+
+
+def test_retries_exhausted_error_then_exception_then_actor_death(cluster: Cluster) -> None:
+    """No re-runs allowed: a killed simulator gets its episode reported once with an error and the
+    slot goes on with its next episode on a fresh process. Then NaN actions raise out of the worker,
+    which kills its simulators first; a killed actor takes its simulators with it."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=1,
+                        max_episode_steps=CAP, max_episode_retries=0)
+    with env_group(cluster, cfg) as group:
+        _call(group, "setup")
+        out = _call(group, "observe", 0)
+        first = _slot_pid(group, 0)
+        os.kill(first, signal.SIGKILL)
+        out = _step(group, 0, out.obs)
+        (failed,) = out.results
+        assert (failed.trial_id, failed.attempts, failed.success_once, failed.steps) == (0, 1, False, 0)
+        assert failed.error is not None and "SimProcessError" in failed.error
+        assert episode_log_line(failed).startswith("[libero eval] task_id=0, trial_id=0, success=False, error=")
+        assert out.obs[TRIAL_IDS].tolist() == [1] and not out.done
+        pgids = {first, _slot_pid(group, 0)}
+
+        bad = _noop_chunk(1)
+        bad[0, 3, 0] = np.nan
+        with pytest.raises(WorkerError, match="non-finite actions for slots \\[0\\]"):
+            _call(group, "chunk_step", 0, bad, out.obs[SLOT_IDS])
+        assert not _wait_all_gone(pgids), "simulator left after an exception"
+        with pytest.raises(WorkerError, match="failed earlier"):
+            _call(group, "observe", 0)
+
+    with env_group(cluster, cfg) as group:  # the actor process is killed outright
+        _call(group, "setup")
+        pgids = set(_call(group, "sim_process_ids"))
+        assert len(pgids) == 1
+        group.shutdown()
+        assert not _wait_all_gone(pgids), "simulator outlived its killed env worker actor"
+
+
+def test_worker_count_must_match_the_group(cluster: Cluster) -> None:
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2, num_workers=2)
+    with pytest.raises(WorkerError, match="env.eval.num_workers"):
+        WorkerGroup(LiberoEnvWorker, cluster, 1, kwargs={"cfg": cfg}, init_distributed=False, cpus_per_rank=0.5)
+
+
+@pytest.mark.slow
+def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster: Cluster) -> None:
+    """The scripted pick-place policy solves libero_spatial task 0 from init state 0 (closed loop on
+    privileged state in a bare simulator); replaying its commands through the env worker in 16-step
+    chunks succeeds too, and the episode ends exactly at the first successful step."""
+    with LiberoSimProcess(name="scripted") as proc:
+        proc.make("libero_spatial", 0, seed=0)
+        proc.reset(0)
+        obs = proc.chunk_step(np.tile(NOOP, (10, 1)), privileged=True)
+        policy = ScriptedPickPlace(obs["goal"])
+        commands, first_success = [], None
+        for t in range(200):
+            command = policy.act(obs)
+            commands.append(command)
+            obs = proc.step(command, privileged=True)
+            if obs["success"]:
+                first_success = t
+                break
+    assert first_success is not None, "scripted policy did not solve libero_spatial task 0, init state 0"
+
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=1, total_num_envs=1)
+    padded = np.concatenate([np.stack(commands), np.tile(NOOP, (16, 1))])
+    with env_group(cluster, cfg) as group:
+        _call(group, "setup")
+        out = _call(group, "observe", 0)
+        pgids = set(_call(group, "sim_process_ids"))
+        done_at = 0
+        while not out.done:
+            chunk = padded[done_at:done_at + 16][None]
+            out = _call(group, "chunk_step", 0, chunk, out.obs[SLOT_IDS])
+            done_at += 16
+        (result,) = out.results
+        _call(group, "close")
+    assert (result.success_once, result.success_at_end, result.error) == (True, True, None)
+    assert result.steps == cfg.num_settle_steps + first_success + 1
+    assert not _wait_all_gone(pgids)
