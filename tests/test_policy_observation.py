@@ -120,3 +120,14 @@ def test_uint8_arrays_are_misread_by_diffusers(pipe: Cosmos3OmniPipeline) -> Non
     )
     assert frames.max() == 1.0
 
+
+
+def test_policy_condition_hands_diffusers_pil_images() -> None:
+    """Every caller of policy_condition (embedded backend, tests) gets the safe conversion."""
+    from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
+
+    canvas = np.full((CANVAS_HEIGHT, CANVAS_WIDTH, 3), 255, dtype=np.uint8)
+    assert isinstance(policy_condition(canvas).image, Image.Image)
+    assert isinstance(policy_condition(torch.from_numpy(canvas)).image, Image.Image)
+    as_float = torch.ones(3, CANVAS_HEIGHT, CANVAS_WIDTH)
+    assert policy_condition(as_float).image is as_float

@@ -69,6 +69,9 @@ def policy_condition(
 ) -> RegisteredActionCondition:
     """Condition for one policy call: one observation image in, ``[chunk_size, raw_action_dim]`` out.
 
+    A uint8 ``[H, W, 3]`` array (or tensor) is handed to diffusers as a PIL image: diffusers 0.42.1
+    reads uint8 arrays as if already scaled to [0, 1], which would feed the VAE values up to 509.
+
     Tier 256 maps a LIBERO side-by-side observation (two 256x256 views, aspect 2:1) onto the
     320x192 canvas of the reference eval config.
     """
@@ -77,6 +80,18 @@ def policy_condition(
         chunk_size=chunk_size,
         domain_name=domain_name,
         resolution_tier=resolution_tier,
-        image=image,
+        image=as_pil_if_uint8(image),
         view_point=view_point,
     )
+
+
+def as_pil_if_uint8(image: Any) -> Any:
+    """uint8 HWC pixels (numpy or torch) -> PIL image; anything else unchanged."""
+    import numpy as np
+    from PIL import Image
+
+    if hasattr(image, "detach") and str(getattr(image, "dtype", "")) == "torch.uint8":
+        image = image.detach().cpu().numpy()
+    if isinstance(image, np.ndarray) and image.dtype == np.uint8:
+        return Image.fromarray(image)
+    return image
