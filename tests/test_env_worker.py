@@ -100,7 +100,7 @@ def env_group(cluster: Cluster, cfg: EnvEvalConfig, stages: int = 1) -> Iterator
             try:
                 group.call("close", timeout_s=120)
             except WorkerError:
-                pass  # a rank that already died is cleaned up by its simulators' parent-death signal
+                pass  # a dead rank's simulators exit on EOF of their pipes
         group.shutdown()
 
 

@@ -9,7 +9,7 @@ another stage's request is being served. Every call returns a :class:`StageOutpu
 
 No simulator process outlives the worker: ``close()`` stops them; any exception escaping a method
 kills them before it propagates (the worker is unusable afterwards); if the actor process itself
-dies, each simulator gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``) and EOF on its stdin.
+dies, the kernel closes its ends of the simulators' pipes and each simulator exits on the EOF.
 """
 
 from __future__ import annotations
