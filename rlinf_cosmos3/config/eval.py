@@ -1,0 +1,102 @@
+"""The evaluation run config: ``cluster``, ``runner``, ``env.eval`` and ``rollout``; validated once.
+
+Mirrors the reference's ``libero_spatial_cosmos3_eval_sglang.yaml`` sections. ``validate_eval_config``
+checks everything (paths, stats file vs model settings, ``E % (W*S)``, chunking, GPUs) before a
+simulator or server starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf_cosmos3.cluster.config import ClusterConfig
+from rlinf_cosmos3.config.base import load_structured, require
+from rlinf_cosmos3.workers.env.config import EnvEvalConfig
+from rlinf_cosmos3.workers.rollout.backend import BACKENDS
+from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+
+
+@dataclass
+class EvalRunnerConfig:
+    """``runner``: where the run directory goes and what to report."""
+
+    logs_dir: str = "logs"
+    """Run directory ``<logs_dir>/<timestamp>-<config>/``: log, results.jsonl, summary.json, TensorBoard, videos."""
+    experiment_name: str = "libero_eval_cosmos3"
+
+
+@dataclass
+class EnvConfig:
+    """``env``: the simulator side (only LIBERO for now)."""
+
+    eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
+
+
+@dataclass
+class RolloutConfig:
+    """``rollout``: the policy side: which backend, the model's identity, pipelining."""
+
+    rollout_backend: str = "sglang"
+    """``sglang`` (one server per GPU) or ``embedded`` (diffusers pipeline in Ray actors)."""
+    pipeline_stage_num: int = 1
+    """``S``: env groups per env worker; while one is simulated, the others' requests are served."""
+    model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+
+    @property
+    def batching_max_size(self) -> int:
+        return self.sglang.batching_max_size if self.rollout_backend == "sglang" else self.embedded.batching_max_size
+
+
+@dataclass
+class EvalConfig:
+    """The whole evaluation run."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runner: EvalRunnerConfig = field(default_factory=EvalRunnerConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+def load_eval_config(raw: Any, *, check_gpus: bool = True) -> EvalConfig:
+    """Typed, validated config from a Hydra/OmegaConf object or a plain dict."""
+    if hasattr(raw, "keys") and "hydra" in raw:
+        raw = {k: raw[k] for k in raw if k != "hydra"}
+    cfg = load_structured(EvalConfig, raw)
+    validate_eval_config(cfg, check_gpus=check_gpus)
+    return cfg
+
+
+def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
+    """Every rule of an eval run; raises :class:`ConfigError` naming the field and the fix."""
+    cfg.cluster.validate("cluster")
+    rollout = cfg.rollout
+    require(rollout.rollout_backend in BACKENDS, "rollout.rollout_backend",
+            f"unknown backend '{rollout.rollout_backend}'", f"use one of {list(BACKENDS)}")
+    require(rollout.pipeline_stage_num >= 1, "rollout.pipeline_stage_num",
+            f"must be >= 1, got {rollout.pipeline_stage_num}")
+    rollout.model.validate("rollout.model")
+    if rollout.rollout_backend == "sglang":
+        rollout.sglang.validate("rollout.sglang")
+    else:
+        rollout.embedded.validate("rollout.embedded")
+    cfg.env.eval.validate(rollout.pipeline_stage_num, root="env.eval")
+    if check_gpus:
+        _check_gpus(cfg)
+
+
+def _check_gpus(cfg: EvalConfig) -> None:
+    rollout = cfg.rollout
+    if rollout.rollout_backend == "sglang":
+        needed, field_name = rollout.sglang.num_servers * rollout.sglang.gpus_per_server, "rollout.sglang.num_servers"
+    else:
+        needed, field_name = rollout.embedded.num_workers * rollout.embedded.gpus_per_worker, "rollout.embedded.num_workers"
+    if needed == 0 or cfg.cluster.address is not None:
+        return  # CPU serving, or a joined cluster whose GPUs the placement check counts
+    import torch
+
+    available = torch.cuda.device_count()
+    require(available >= needed, field_name, f"needs {needed} GPUs but this machine has {available}",
+            "lower the server count, or set gpus_per_server/gpus_per_worker=0 to serve on CPU")

@@ -1,0 +1,146 @@
+"""Evaluation end to end on CPU: real LIBERO env workers, a real SGLang server (or the embedded
+diffusers backend), the pipelined runner, and the documented outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
+from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.libero]
+
+REPO = Path(__file__).resolve().parent.parent
+LEFTOVER_PATTERNS = ("rlinf_cosmos3.sim.libero_server", "sglang serve", "sgl_diffusion")
+
+
+@pytest.fixture(scope="module")
+def eval_inputs(recorded_libero_dataset, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("eval")
+    episodes = read_lerobot_episode_actions(recorded_libero_dataset.root)
+    stats = compute_action_stats(episodes.episodes, metadata={"fps": recorded_libero_dataset.fps})
+    return {"model": write_model_dir(root / "model", preset="tiny", seed=0),
+            "stats": write_action_stats(stats, root / "stats.json")}
+
+
+def _processes(pattern: str) -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if pattern in cmd and "pytest" not in cmd:
+                out.append(f"{pid}: {cmd[:120]}")
+    return out
+
+
+def _run_eval(inputs: dict[str, Path], logs: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path | None]:
+    before = {p: set(_processes(p)) for p in LEFTOVER_PATTERNS}
+    proc = subprocess.run(
+        ["bash", str(REPO / "evaluations/run_eval.sh"), "libero", "libero_spatial_cosmos3_eval_tiny",
+         f"rollout.model.model_path={inputs['model']}", f"rollout.model.action_stats_path={inputs['stats']}",
+         f"runner.logs_dir={logs}", "env.eval.max_episode_steps=26", *extra],
+        capture_output=True, text=True, timeout=1500,
+    )
+    for pattern, old in before.items():
+        left = set(_processes(pattern)) - old
+        assert not left, f"processes left behind after the eval: {left}"
+    runs = sorted(logs.iterdir()) if logs.exists() else []
+    return proc, (runs[-1] if runs else None)
+
+
+def _check_outputs(run_dir: Path, backend_lines: tuple[str, ...]) -> None:
+    results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["task_id"], r["trial_id"]) for r in results) == [(0, 0), (0, 1)]
+    assert all(r["steps"] == 26 and r["error"] is None for r in results)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["num_trajectories"] == 2 and summary["step_cap"] == 26 and summary["env_steps"] == 52
+    assert 0.0 <= summary["success_once"] <= 1.0 and summary["env_steps_per_s"] > 0
+    log = (run_dir / "eval_embodiment.log").read_text()
+    milestones = [*backend_lines, "[libero eval] task_id=0, trial_id=0", "summary: success_once="]
+    positions = [log.find(m) for m in milestones]
+    assert all(p >= 0 for p in positions), dict(zip(milestones, positions, strict=True))
+    assert positions == sorted(positions), "milestones out of order"
+    assert list((run_dir / "tensorboard").iterdir())
+
+
+def test_sglang_eval_writes_documented_outputs(eval_inputs, tmp_path) -> None:
+    proc, run_dir = _run_eval(eval_inputs, tmp_path / "logs")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_outputs(run_dir, ("Launching sglang server", "sglang server assigned: rank=0 -> http://127.0.0.1:"))
+    videos = sorted((run_dir / "videos").rglob("*.mp4"))
+    assert len(videos) == 2 and all(v.stat().st_size > 0 for v in videos)
+
+
+def test_embedded_backend_is_one_override(eval_inputs, tmp_path) -> None:
+    proc, run_dir = _run_eval(eval_inputs, tmp_path / "logs", "rollout.rollout_backend=embedded",
+                              "env.eval.save_video=false")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check_outputs(run_dir, ("rollout backend embedded ready",))
+
+
+def test_layout_error_names_fields_before_anything_starts(eval_inputs, tmp_path) -> None:
+    proc, run_dir = _run_eval(eval_inputs, tmp_path / "logs", "env.eval.total_num_envs=3")
+    assert proc.returncode == 2
+    log = (run_dir / "eval_embodiment.log").read_text()
+    assert "env.eval.total_num_envs" in log and "rollout.pipeline_stage_num=2" in log
+    assert "Launching sglang server" not in log and "Ray started" not in log
+
+
+def _server_pids() -> list[int]:
+    """Main processes of our SGLang servers (tagged through their environment)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"RLINF_COSMOS3_SGLANG_SERVER=" in environ and b"sglang" in cmd and b"serve" in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def test_killed_server_mid_eval_still_runs_every_episode_once(eval_inputs, tmp_path) -> None:
+    """Fault injection: SIGKILL the server once the eval is under way; it is restarted, the in-flight
+    request retried, and every (task, trial) is reported exactly once."""
+    import signal
+    import threading
+    import time
+
+    logs = tmp_path / "logs"
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not killed:
+            runs = list(logs.iterdir()) if logs.exists() else []
+            log = runs[0] / "eval_embodiment.log" if runs else None
+            if log is not None and log.exists() and "rollout backend sglang ready" in log.read_text():
+                time.sleep(2.0)  # let the first requests get in flight
+                for pid in _server_pids():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    proc, run_dir = _run_eval(eval_inputs, logs, "env.eval.max_episode_steps=42", "env.eval.save_video=false")
+    thread.join(timeout=5)
+    assert killed, "the server was never seen running"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run_dir / "eval_embodiment.log").read_text()
+    assert "restarting sglang server rank 0" in log
+    results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["task_id"], r["trial_id"]) for r in results) == [(0, 0), (0, 1)]
+    assert all(r["error"] is None and r["steps"] == 42 for r in results)
