@@ -9,6 +9,7 @@ simulators may run on the same machine.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -87,6 +88,7 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @contextmanager
