@@ -56,3 +56,10 @@ def test_require_and_paths(tmp_path) -> None:
     (tmp_path / "f.json").write_text("{}")
     with pytest.raises(ConfigError, match="must be a directory"):
         require_path(tmp_path / "f.json", "root", "dataset", is_dir=True)
+
+
+def test_config_error_survives_pickling() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(ConfigError("a.b", "bad", "fix it")))
+    assert (err.field, err.problem, err.fix, str(err)) == ("a.b", "bad", "fix it", "config field 'a.b': bad (fix: fix it)")

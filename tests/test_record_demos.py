@@ -27,7 +27,7 @@ from rlinf_cosmos3.paths import REPO_ROOT
 from rlinf_cosmos3.sim.client import LiberoSimProcess
 from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 
-TASK0 = "pick the akita black bowl between the plate and the ramekin and place it on the plate"
+TASK0 = "pick up the black bowl between the plate and the ramekin and place it on the plate"  # task.language
 CLI = REPO_ROOT / "toolkits" / "libero" / "record_demos.py"
 
 

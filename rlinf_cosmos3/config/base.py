@@ -29,6 +29,10 @@ class ConfigError(ValueError):
             message += f" (fix: {fix})"
         super().__init__(message)
 
+    def __reduce__(self) -> tuple:
+        # Rebuildable from its fields, so the error survives pickling (Ray actors, multiprocessing).
+        return (type(self), (self.field, self.problem, self.fix))
+
 
 def load_structured(schema: type[T], cfg: Mapping[str, Any] | DictConfig, *, root: str = "") -> T:
     """Merge ``cfg`` onto the dataclass ``schema`` and return a typed instance.

@@ -66,11 +66,15 @@ class LiberoSession:
         )
         self._env.seed(seed)
         self._init_states = np.asarray(task_suite.get_task_init_states(task_id))
-        self._task_language = str(self._env.language_instruction)
+        # The policy prompt: LIBERO's task.language (what LIBERO's datasets and both reference
+        # evaluations use), not the env's BDDL wording ("pick the akita black bowl ...").
+        self._task_language = str(task.language)
         self._has_reset = False
         self._suite, self._task_id = suite, task_id
         return {
             "task": self._task_language,
+            "language": self._task_language,
+            "bddl_language": str(self._env.language_instruction),
             "task_name": task.name,
             "num_init_states": int(len(self._init_states)),
             "num_tasks": int(num_tasks),
