@@ -6,14 +6,12 @@ only the first spawn in a pytest process pays the import cost.
 
 from __future__ import annotations
 
-import datetime
-import multiprocessing
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from dist_helpers import run_on_ranks
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -57,31 +55,6 @@ class Toy(nn.Module):
         return self.llm2action(h)
 
 
-def _rank_entry(rank: int, world_size: int, store: str, fn, args: tuple) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    try:
-        fn(rank, world_size, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_on_ranks(tmp_path: Path, fn, *args, world_size: int = 2) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; re-raise any rank's error."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        ["torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.fsdp"]
-    )
-    store = tmp_path / f"pg_store_{os.urandom(4).hex()}"
-    torch.multiprocessing.start_processes(
-        _rank_entry, args=(world_size, str(store), fn, args), nprocs=world_size, start_method="forkserver"
-    )
 
 
 # ---------------------------------------------------------------- LambdaLinear schedule
