@@ -40,6 +40,8 @@ def load_structured(schema: type[T], cfg: Mapping[str, Any] | DictConfig, *, roo
     Unknown keys, missing mandatory values (``???``) and values of the wrong type raise
     :class:`ConfigError` naming the dotted field path.
     """
+    if hasattr(cfg, "keys") and "hydra" in cfg:  # Hydra's own section is not part of any schema
+        cfg = {k: cfg[k] for k in cfg if k != "hydra"}
     base = OmegaConf.structured(schema)
     try:
         merged = OmegaConf.merge(base, cfg)

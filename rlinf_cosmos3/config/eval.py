@@ -62,8 +62,6 @@ class EvalConfig:
 
 def load_eval_config(raw: Any, *, check_gpus: bool = True) -> EvalConfig:
     """Typed, validated config from a Hydra/OmegaConf object or a plain dict."""
-    if hasattr(raw, "keys") and "hydra" in raw:
-        raw = {k: raw[k] for k in raw if k != "hydra"}
     cfg = load_structured(EvalConfig, raw)
     validate_eval_config(cfg, check_gpus=check_gpus)
     return cfg

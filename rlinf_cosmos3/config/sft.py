@@ -114,8 +114,6 @@ class SFTConfig:
 
 def load_sft_config(raw: Any, *, check_gpus: bool = True) -> SFTConfig:
     """Typed, validated config from a Hydra/OmegaConf object or plain dict (drops Hydra's own keys)."""
-    if hasattr(raw, "keys") and "hydra" in raw:
-        raw = {k: raw[k] for k in raw if k != "hydra"}
     cfg = load_structured(SFTConfig, raw)
     validate_sft_config(cfg, check_gpus=check_gpus)
     return cfg

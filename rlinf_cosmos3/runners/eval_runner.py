@@ -176,18 +176,11 @@ EVAL_LOG_NAME = "eval_embodiment.log"
 
 def run_eval(raw_cfg: Any, config_name: str) -> int:
     """Run an evaluation from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
-    from omegaconf import DictConfig, OmegaConf
-
     from rlinf_cosmos3.config import ConfigError
     from rlinf_cosmos3.config.eval import load_eval_config
-    from rlinf_cosmos3.tracking import create_run_dir, setup_run_logging
+    from rlinf_cosmos3.tracking import start_run
 
-    resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
-    resolved.pop("hydra", None)
-    run_dir = create_run_dir((resolved.get("runner") or {}).get("logs_dir") or "logs", config_name, EVAL_LOG_NAME)
-    setup_run_logging(run_dir)
-    run_dir.save_config(resolved)
-    logger.info("run directory: %s", run_dir.root)
+    resolved, run_dir = start_run(raw_cfg, config_name, EVAL_LOG_NAME)
     try:
         cfg = load_eval_config(resolved)
         # Ray actors may run elsewhere: hand them absolute paths; videos go inside the run directory.

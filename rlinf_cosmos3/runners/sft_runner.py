@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rlinf_cosmos3.checkpoint.layout import step_dir_name
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
-from rlinf_cosmos3.tracking import ScalarWriter, create_run_dir, setup_run_logging
+from rlinf_cosmos3.tracking import ScalarWriter, start_run
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
@@ -34,13 +34,7 @@ def checkpoint_root(cfg: SFTConfig) -> Path:
 
 def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
     """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
-    resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
-    resolved.pop("hydra", None)
-    logs_dir = (resolved.get("runner") or {}).get("logs_dir") or "logs"
-    run_dir = create_run_dir(logs_dir, config_name, RUN_LOG_NAME)
-    setup_run_logging(run_dir)
-    run_dir.save_config(resolved)
-    logger.info("run directory: %s", run_dir.root)
+    resolved, run_dir = start_run(raw_cfg, config_name, RUN_LOG_NAME)
     try:
         cfg = load_sft_config(resolved)
         resolved = absolute_paths(resolved)

@@ -67,3 +67,17 @@ def setup_run_logging(run_dir: RunDir, level: int = logging.INFO) -> None:
     for handler in (logging.FileHandler(run_dir.log_file), logging.StreamHandler(sys.stdout)):
         handler.setFormatter(formatter)
         root.addHandler(handler)
+
+
+def start_run(raw_cfg: Any, config_name: str, log_name: str) -> tuple[dict[str, Any], RunDir]:
+    """What every entry point does first: resolve the Hydra config, create the run directory under
+    ``runner.logs_dir`` (default ``logs``), route logging there and save the resolved config."""
+    from omegaconf import DictConfig, OmegaConf
+
+    resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
+    resolved.pop("hydra", None)
+    run_dir = create_run_dir((resolved.get("runner") or {}).get("logs_dir") or "logs", config_name, log_name)
+    setup_run_logging(run_dir)
+    run_dir.save_config(resolved)
+    logging.getLogger("rlinf_cosmos3").info("run directory: %s", run_dir.root)
+    return resolved, run_dir
