@@ -1,0 +1,444 @@
+"""Eval throughput: serial baseline vs batching vs pipelining, against the sim-only and inference-only bounds.
+
+One workload (LIBERO envs, a Cosmos3 model behind the configured rollout backend), measured as
+env-steps/s in one run:
+
+* ``serial``      one env's observation per request, requests one after another, then the chunk step;
+                  nothing overlaps (a small driver over the library's env workers, adapter and backend);
+* ``S=s,B=b``     :class:`PipelinedEvalRunner`'s loop with ``pipeline_stage_num=s`` and
+                  ``batching_max_size=b`` (``S=1,B=E/W`` is "batching alone");
+* ``sim-only``    the same episodes stepped with a fixed no-op chunk, no inference (all of a worker's
+                  envs in one stage, i.e. the simulator at its most parallel);
+* ``inference-only`` per configuration, the same requests (same real observations, batch sizes,
+                  number of concurrent stage loops and chunk steps) served with no simulation.
+
+A configuration's bound is ``min(sim-only rate, its inference-only rate)`` (time bound
+``max(sim time, inference time)``: perfect overlap). One backend (started once, with the largest
+batch size) serves every row. Episodes run to the step cap
+(``stop_on_success=false``) so every configuration does exactly the same env steps.
+
+    .venv/bin/python benchmarks/eval_throughput.py                      # CPU default, ~10 min on 2 cores
+    .venv/bin/python benchmarks/eval_throughput.py --model-path /models/cosmos3_nano --stats-path s.json \\
+        --num-envs 128 --num-workers 8 --servers 8 --gpus-per-server 1 --inference-steps 30 \\
+        --steps 220 --batch-sizes 8,16 --stages 1,2,4                     # GPU host
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.cluster.config import ClusterConfig
+from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
+from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
+from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker
+from rlinf_cosmos3.workers.env.stage import SLOT_IDS, TASK_DESCRIPTIONS, StageOutput
+from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
+from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
+
+logger = logging.getLogger("benchmarks.eval_throughput")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ACTION_HORIZON = 16
+# A chunk that keeps the arm still with the gripper open (LIBERO: -1 = open).
+NOOP_ACTION = np.asarray([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
+
+
+@dataclass
+class Row:
+    """One measured configuration."""
+
+    name: str
+    kind: str
+    """``serial`` | ``pipelined`` | ``sim_only``."""
+    stages: int
+    batch_size: int
+    """Largest request; ``effective_batch`` = min(batch_size, envs per stage)."""
+    effective_batch: int
+    wall_time_s: float
+    env_steps: int
+    chunk_requests: int = 0
+    inference_only_s: float | None = None
+    inference_only_requests: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.env_steps / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=("sglang", "embedded"), default="sglang")
+    p.add_argument("--num-envs", type=int, default=4, help="E: simulator processes in total")
+    p.add_argument("--num-workers", type=int, default=1, help="W: env worker actors")
+    p.add_argument("--steps", type=int, default=42,
+                   help="episode step cap, settle steps included (42 = 10 settle + 2 chunks of 16)")
+    p.add_argument("--settle-steps", type=int, default=10)
+    p.add_argument("--episodes-per-env", type=int, default=1)
+    p.add_argument("--suite", default="libero_spatial")
+    p.add_argument("--task-ids", default="0", help="comma-separated task ids; episodes go task-major")
+    p.add_argument("--inference-steps", type=int, default=2, help="denoising steps per request")
+    p.add_argument("--servers", type=int, default=1, help="SGLang servers (or embedded workers)")
+    p.add_argument("--gpus-per-server", type=int, default=0, help="0 = serve on CPU")
+    p.add_argument("--stages", default="1,2,4", help="pipeline_stage_num values S")
+    p.add_argument("--batch-sizes", default=None,
+                   help="batching_max_size values (default: 1 and E/W); per S only distinct "
+                        "effective sizes min(B, E/(W*S)) are run")
+    p.add_argument("--model-path", type=Path, default=None,
+                   help="diffusers Cosmos3 directory (default: write a random tiny model to the work dir)")
+    p.add_argument("--stats-path", type=Path, default=None,
+                   help="action stats JSON (default: synthetic stats in the work dir; a random model's "
+                        "actions are meaningless anyway)")
+    p.add_argument("--height", type=int, default=192)
+    p.add_argument("--width", type=int, default=320)
+    p.add_argument("--num-cpus", type=int, default=None, help="Ray CPUs (default: all cores)")
+    p.add_argument("--work-dir", type=Path, default=None, help="run dirs and server logs (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results JSON (default: benchmarks/results/eval_throughput_<host>_<date>.json)")
+    args = p.parse_args(argv)
+    args.task_ids = [int(t) for t in args.task_ids.split(",") if t.strip()]
+    args.stages = [int(s) for s in args.stages.split(",") if s.strip()]
+    per_worker = args.num_envs // args.num_workers
+    args.batch_sizes = ([int(b) for b in args.batch_sizes.split(",") if b.strip()] if args.batch_sizes
+                        else sorted({1, per_worker}))
+    return args
+
+
+def synthetic_stats(path: Path, fps: int = 20) -> Path:
+    """A valid stats file from random small LIBERO-like deltas (only for a random model)."""
+    from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
+
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(4):
+        ep = np.clip(rng.normal(0.0, 0.3, size=(64, 7)), -1.0, 1.0)
+        ep[:, 6] = rng.integers(0, 2, size=64)  # stored gripper g in {0, 1}
+        episodes.append(ep)
+    return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), path)
+
+
+def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Path) -> EvalConfig:
+    """The eval config of one configuration (validated by the library)."""
+    trials = args.num_envs * args.episodes_per_env // len(args.task_ids)
+    raw = {
+        "cluster": {"num_cpus": args.num_cpus},
+        "runner": {"logs_dir": str(run_root), "experiment_name": "eval_throughput"},
+        "env": {"eval": {
+            "suite": args.suite, "task_ids": args.task_ids, "trials_per_task": trials,
+            "total_num_envs": args.num_envs, "num_workers": args.num_workers,
+            "max_episode_steps": args.steps, "num_settle_steps": args.settle_steps,
+            "stop_on_success": False, "save_video": False,
+        }},
+        "rollout": {
+            "rollout_backend": args.backend, "pipeline_stage_num": stages,
+            "model": {"model_path": str(args.model_path), "action_stats_path": str(args.stats_path),
+                      "action_normalization": "quantile_rot", "num_inference_steps": args.inference_steps,
+                      "height": args.height, "width": args.width},
+            "sglang": {"num_servers": args.servers, "gpus_per_server": args.gpus_per_server,
+                       "batching_max_size": batch, "sleep_on_idle": True},
+            "embedded": {"num_workers": args.servers, "gpus_per_worker": min(1, args.gpus_per_server),
+                         "batching_max_size": batch},
+        },
+    }
+    return load_eval_config(raw)
+
+
+# ---------------------------------------------------------------------------------------------- drivers
+
+
+def env_group(cfg: EvalConfig, cluster: Cluster) -> WorkerGroup:
+    """The env workers exactly as :class:`PipelinedEvalRunner` places them."""
+    env = cfg.env.eval
+    return WorkerGroup(LiberoEnvWorker, cluster, env.num_workers,
+                       kwargs={"cfg": env, "pipeline_stage_num": cfg.rollout.pipeline_stage_num},
+                       cpus_per_rank=max(1.0, cluster.resources().total_cpus / (2 * env.num_workers)),
+                       name="env", init_distributed=False)
+
+
+@dataclass
+class SimOnly:
+    wall_time_s: float
+    env_steps: int
+    chunk_steps_per_worker: list[int]
+    first_obs: list[dict[str, Any]]
+    """Each worker's first observation batch (all its envs), replayed by the inference-only runs."""
+
+
+async def _sim_only_loop(actor: Any) -> tuple[int, int, dict[str, Any]]:
+    out: StageOutput = await actor.observe.remote(0)
+    first, steps, chunks = out.obs, 0, 0
+    while True:
+        steps += sum(r.steps for r in out.results)
+        if out.done or out.num_envs == 0:
+            return steps, chunks, first
+        actions = np.broadcast_to(NOOP_ACTION, (out.num_envs, ACTION_HORIZON, 7)).copy()
+        chunks += 1
+        out = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
+
+
+def run_sim_only(cfg: EvalConfig, cluster: Cluster) -> SimOnly:
+    """Step every episode with the no-op chunk, all of a worker's envs at once (``cfg`` has S=1)."""
+    with env_group(cfg, cluster) as envs:
+        envs.call("setup")
+        try:
+            t0 = time.perf_counter()
+            loops = asyncio.run(_gather(*(_sim_only_loop(a) for a in envs.actors)))
+            wall = time.perf_counter() - t0
+        finally:
+            envs.call("close")
+    return SimOnly(wall, sum(s for s, _, _ in loops), [c for _, c, _ in loops], [o for _, _, o in loops])
+
+
+async def _gather(*coros: Any) -> list[Any]:
+    return list(await asyncio.gather(*coros))
+
+
+async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend: RolloutBackend) -> tuple[int, int]:
+    """Worker after worker, env after env: one single-observation request at a time, then the step."""
+    outs = [await a.observe.remote(0) for a in actors]
+    steps = requests = 0
+    while True:
+        for i, actor in enumerate(actors):
+            out = outs[i]
+            steps += sum(r.steps for r in out.results)
+            out.results = []
+            if out.done or out.num_envs == 0:
+                continue
+            groups = adapter.request_groups(out.obs)
+            results = []
+            for group in groups:  # strictly one request in flight
+                (raw,) = await backend.generate([adapter.build_request(group)])
+                results.append(adapter.parse_response(raw, group))
+                requests += 1
+            actions = adapter.restore_order(groups, results, len(out.obs[TASK_DESCRIPTIONS]))
+            outs[i] = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
+        if all(o.done and not o.results for o in outs):
+            return steps, requests
+
+
+def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Row:
+    """The baseline (``cfg`` has S=1); ``backend`` is already started."""
+    adapter = Cosmos3ActionAdapter(cfg.rollout.model, 1)
+    with env_group(cfg, cluster) as envs:
+        envs.call("setup")
+        try:
+            t0 = time.perf_counter()
+            steps, requests = asyncio.run(_serial_loop(envs.actors, adapter, backend))
+            wall = time.perf_counter() - t0
+        finally:
+            envs.call("close")
+    return Row("serial (1 obs/request, no overlap)", "serial", 1, 1, 1, wall, steps, requests)
+
+
+def _stage_rows(obs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    return {k: v[start:stop] for k, v in obs.items()}
+
+
+async def _inference_only(sim: SimOnly, stages: int, batch: int, serial: bool, model_cfg: Any,
+                          backend: RolloutBackend) -> tuple[float, int]:
+    """Serve what a run with ``stages``/``batch`` sends, without simulation: per worker, ``stages``
+    concurrent loops of ``chunk_steps`` predictions on that stage's slice of the real observations
+    (``serial``: one request at a time over all of them)."""
+    adapter = Cosmos3ActionAdapter(model_cfg, batch)
+    slices: list[tuple[dict[str, Any], int]] = []
+    for obs, chunks in zip(sim.first_obs, sim.chunk_steps_per_worker, strict=True):
+        n = len(obs[SLOT_IDS])
+        per_stage = n // stages
+        slices += [(_stage_rows(obs, s * per_stage, (s + 1) * per_stage), chunks) for s in range(stages)]
+    # Tokenizer load and prompt lengths outside the timing; also the request count of each slice.
+    groups_per_slice = [len(adapter.request_groups(obs)) for obs, _ in slices]
+    counts = [sum(g * chunks for g, (_, chunks) in zip(groups_per_slice, slices, strict=True))] if not serial else [0]
+
+    async def loop(obs: dict[str, Any], chunks: int) -> None:
+        for _ in range(chunks):
+            await adapter.predict(obs, backend)
+
+    t0 = time.perf_counter()
+    if serial:
+        for obs, chunks in slices:
+            for _ in range(chunks):
+                for group in adapter.request_groups(obs):
+                    (raw,) = await backend.generate([adapter.build_request(group)])
+                    adapter.parse_response(raw, group)
+                    counts[0] += 1
+    else:
+        await asyncio.gather(*(loop(obs, chunks) for obs, chunks in slices))
+    return time.perf_counter() - t0, counts[0]
+
+
+class SharedBackendRunner(PipelinedEvalRunner):
+    """:class:`PipelinedEvalRunner` on a backend that is already started and outlives the run.
+
+    ``PipelinedEvalRunner.run`` starts its own backend; restarting a server for every row costs
+    minutes here and would change the server between rows. This runs the runner's own loop
+    (``_drive``) with the shared backend; only the setup around it is repeated.
+    """
+
+    def run_with(self, cluster: Cluster, backend: RolloutBackend) -> tuple[float, int, int]:
+        """Wall time (first observation to last chunk step), env steps and chunk requests."""
+        env = self.cfg.env.eval
+        adapter = Cosmos3ActionAdapter(self.cfg.rollout.model, self.cfg.rollout.batching_max_size)
+        with env_group(self.cfg, cluster) as envs:
+            envs.call("setup")
+            self._open_outputs(env.num_episodes)
+            try:
+                t0 = time.perf_counter()
+                asyncio.run(self._drive(envs, adapter, backend))
+                wall = time.perf_counter() - t0
+            finally:
+                self._close_outputs()
+                envs.call("close")
+        errors = [r for r in self.results if r.error is not None]
+        if errors:
+            raise RuntimeError(f"{len(errors)} episodes failed in {self.run_dir}: {errors[0].error}")
+        return wall, sum(r.steps for r in self.results), self.chunk_requests
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"host": socket.gethostname(), "cpu_count": os.cpu_count(),
+                            "platform": platform.platform(), "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except (ImportError, RuntimeError) as err:
+        info["gpus_error"] = str(err)
+    return info
+
+
+def table(rows: list[Row], sim: SimOnly, baseline: Row) -> tuple[str, list[dict[str, Any]]]:
+    """The printed table and the per-row derived figures."""
+    sim_rate = sim.env_steps / sim.wall_time_s
+    head = (f"{'configuration':<36} {'steps/s':>8} {'x serial':>8} {'inf-only/s':>10} {'bound/s':>8} "
+            f"{'of bound':>8} {'wall s':>7} {'requests':>8}")
+    lines, derived = [head, "-" * len(head)], []
+    for row in rows:
+        inf_rate = row.env_steps / row.inference_only_s if row.inference_only_s else None
+        bound = min(sim_rate, inf_rate) if inf_rate else None
+        d = {"env_steps_per_s": row.rate, "ratio_to_serial": row.rate / baseline.rate,
+             "inference_only_env_steps_per_s": inf_rate, "bound_env_steps_per_s": bound,
+             "fraction_of_bound": row.rate / bound if bound else None}
+        derived.append(d)
+        lines.append(f"{row.name:<36} {row.rate:>8.2f} {d['ratio_to_serial']:>8.2f} "
+                     f"{(inf_rate or 0):>10.2f} {(bound or 0):>8.2f} {(d['fraction_of_bound'] or 0):>8.2f} "
+                     f"{row.wall_time_s:>7.1f} {row.chunk_requests:>8d}")
+    lines.append(f"{'sim-only (no-op chunks, no inference)':<36} {sim_rate:>8.2f} "
+                 f"{sim_rate / baseline.rate:>8.2f} {'':>10} {'':>8} {'':>8} {sim.wall_time_s:>7.1f}")
+    return "\n".join(lines), derived
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def configurations(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(S, B, effective B) for every S and distinct effective batch size."""
+    out, seen = [], set()
+    for s in args.stages:
+        per_stage = args.num_envs // (args.num_workers * s)
+        for b in args.batch_sizes:
+            eff = min(b, per_stage)
+            if per_stage >= 1 and (s, eff) not in seen:
+                seen.add((s, eff))
+                out.append((s, b, eff))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_throughput_"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.model_path is None:
+        from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+
+        args.model_path = write_model_dir(work / "model", preset="tiny", seed=0, overwrite=True)
+    if args.stats_path is None:
+        args.stats_path = synthetic_stats(work / "stats.json")
+    configs = configurations(args)
+    max_batch = max(b for _, b, _ in configs)
+    base_cfg = eval_config(args, 1, max_batch, work / "runs")  # validates the layout up front
+    for s, b, _ in configs:
+        eval_config(args, s, b, work / "runs")
+    logger.info("work dir %s; configurations (S, B): %s", work, [(s, b) for s, b, _ in configs])
+
+    started = time.time()
+    rows: list[Row] = []
+    with Cluster(ClusterConfig(num_cpus=args.num_cpus)) as cluster:
+        logger.info("== sim-only")
+        sim = run_sim_only(base_cfg, cluster)
+        logger.info("sim-only: %d env steps in %.1f s", sim.env_steps, sim.wall_time_s)
+
+        backend = make_backend(args.backend, base_cfg.rollout.model, sglang_cfg=base_cfg.rollout.sglang,
+                               embedded_cfg=base_cfg.rollout.embedded, log_dir=work / "servers", cluster=cluster)
+        with backend:
+            logger.info("== inference-only")
+            serial_inf = asyncio.run(_inference_only(sim, 1, 1, True, base_cfg.rollout.model, backend))
+            inf = {(s, eff): asyncio.run(_inference_only(sim, s, eff, False, base_cfg.rollout.model, backend))
+                   for s, _, eff in configs}
+            logger.info("== serial baseline")
+            baseline = run_serial(base_cfg, cluster, backend)
+            baseline.inference_only_s, baseline.inference_only_requests = serial_inf
+            rows.append(baseline)
+
+            for s, b, eff in configs:
+                name = f"pipelined S={s} B={eff}" + (" (batching alone)" if s == 1 and eff == max_batch else "")
+                logger.info("== %s", name)
+                run_dir = work / "runs" / f"S{s}_B{eff}"
+                run_dir.mkdir(parents=True, exist_ok=True)
+                runner = SharedBackendRunner(eval_config(args, s, eff, work / "runs"), run_dir)
+                wall, steps, requests = runner.run_with(cluster, backend)
+                row = Row(name, "pipelined", s, b, eff, wall, steps, requests)
+                row.inference_only_s, row.inference_only_requests = inf[(s, eff)]
+                rows.append(row)
+
+    expected = args.num_envs * args.episodes_per_env * args.steps
+    for row in rows:
+        if row.env_steps != expected:
+            raise RuntimeError(f"{row.name}: {row.env_steps} env steps, expected {expected}")
+    text, derived = table(rows, sim, baseline)
+    print(text)  # the table is this script's output
+
+    stamp = dt.datetime.now().strftime("%Y%m%d")
+    out = args.out or RESULTS_DIR / f"eval_throughput_{socket.gethostname()}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "total_wall_s": time.time() - started,
+        "env_steps_per_run": expected,
+        "sim_only": {"wall_time_s": sim.wall_time_s, "env_steps": sim.env_steps,
+                     "env_steps_per_s": sim.env_steps / sim.wall_time_s,
+                     "chunk_steps_per_worker": sim.chunk_steps_per_worker},
+        "rows": [{**asdict(r), **d} for r, d in zip(rows, derived, strict=True)],
+        "table": text,
+    }
+    out.write_text(json.dumps(report, indent=2))
+    logger.info("results: %s", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
