@@ -111,8 +111,8 @@ def test_command_errors_keep_the_process_usable() -> None:
         assert proc.request("ping")["pid"] == proc.pid
 
 
-def test_killed_child_gives_a_clear_error_not_a_hang() -> None:
-    proc = LiberoSimProcess(name="victim")
+def test_killed_child_gives_a_clear_error_not_a_hang(tmp_path) -> None:
+    proc = LiberoSimProcess(name="victim", log_path=tmp_path / "victim.log")
     pgid = proc.process_id
     try:
         proc.send("make", suite="libero_spatial", task_id=0)  # takes seconds: killed mid-command
@@ -131,8 +131,8 @@ def test_killed_child_gives_a_clear_error_not_a_hang() -> None:
     assert _wait_gone(pgid)
 
 
-def test_timeout_kills_the_process_and_says_so() -> None:
-    proc = LiberoSimProcess(name="slow")
+def test_timeout_kills_the_process_and_says_so(tmp_path) -> None:
+    proc = LiberoSimProcess(name="slow", log_path=tmp_path / "slow.log")
     pgid = proc.process_id
     with pytest.raises(SimProcessError, match="within the timeout"):
         proc.request("make", suite="libero_spatial", task_id=0, timeout_s=0.2)
@@ -163,12 +163,12 @@ def test_atexit_stops_processes_the_program_forgot() -> None:
     assert _wait_gone(pgid), f"simulator process group {pgid} outlived its parent"
 
 
-def test_child_follows_a_parent_killed_outright() -> None:
+def test_child_follows_a_parent_killed_outright(tmp_path) -> None:
     """SIGKILL leaves no atexit: the child must notice the closed pipe and exit by itself."""
-    code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import time
         from rlinf_cosmos3.sim.client import LiberoSimProcess
-        proc = LiberoSimProcess(name="orphan")
+        proc = LiberoSimProcess(name="orphan", log_path={str(tmp_path / "orphan.log")!r})
         print(proc.process_id, flush=True)
         time.sleep(600)
     """)
@@ -214,7 +214,8 @@ def spatial_env():
 
 def test_make_reports_the_task(spatial_env) -> None:
     _, info = spatial_env
-    assert info["task"] == "pick the akita black bowl between the plate and the ramekin and place it on the plate"
+    assert info["task"] == "pick up the black bowl between the plate and the ramekin and place it on the plate"
+    assert info["bddl_language"] == "pick the akita black bowl between the plate and the ramekin and place it on the plate"
     assert info["num_init_states"] == 50 and info["num_tasks"] == 10
 
 

@@ -32,6 +32,7 @@ ROT_SCALE_RAD = 0.5  # ... and 0.5 rad per step
 GRIPPER_OPEN = -1.0
 GRIPPER_CLOSE = 1.0
 FINGER_TIP_BELOW_SITE_M = 0.012  # Panda fingertips end ~1.1 cm below the grip site
+MAX_GRASP_WIDTH_M = 0.07  # Panda fingers open to 8 cm; leave room to come down around the object
 FINGER_OPEN_HALF_SPAN_M = 0.045  # open fingers sit ~4 cm either side of the grip site (+ pad)
 BOWL_LIKE = ("bowl", "ramekin", "mug", "cup")
 
@@ -118,11 +119,6 @@ class ScriptedPickPlace:
     def done(self) -> bool:
         return self.phase is Phase.DONE
 
-    @property
-    def released(self) -> bool:
-        """True once the object has been let go at the target (release, retreat or done)."""
-        return self.phase in (Phase.RELEASE, Phase.RETREAT, Phase.DONE) and self._plan.get("placed", False)
-
     # ------------------------------------------------------------------ scene geometry
     @staticmethod
     def _box(priv: dict[str, Any], name: str) -> np.ndarray | None:
@@ -190,13 +186,16 @@ class ScriptedPickPlace:
         else:
             grasp_z = max(lo[2] + height / 2.0, hi[2] - self.cfg.grasp_depth - 0.005)
             point = np.array([center[0], center[1], grasp_z])
-            narrow_first = [0.0, np.pi / 2] if extent[1] <= extent[0] else [np.pi / 2, 0.0]
-            candidates = [(point, yaw) for yaw in narrow_first]
+            # yaw 0 closes the fingers along y, yaw 90° along x; only where the object fits between them
+            fits = [yaw for yaw, width in ((0.0, extent[1]), (np.pi / 2, extent[0])) if width < MAX_GRASP_WIDTH_M]
+            candidates = [(point, yaw) for yaw in (fits or [0.0 if extent[1] <= extent[0] else np.pi / 2])]
         # enough clearance (capped) first; then little wrist rotation; then the nearer point
         grasp, yaw = max(candidates, key=lambda c: min(self._clearance(priv, c[0], c[1]), self.cfg.enough_clearance)
                          - 0.005 * abs(c[1]) - 0.01 * float(np.linalg.norm(c[0][:2] - eef[:2])))
         grasp = grasp.copy()
         grasp[2] = max(grasp[2], lo[2] + FINGER_TIP_BELOW_SITE_M + 0.003)
+        logger.debug("grasp %s at %s, yaw %.0f°, clearance %.3f", obj, np.round(grasp, 3), np.degrees(yaw),
+                     self._clearance(priv, grasp, yaw))
         target_xy, support_top = self._support_top(priv)
         self._plan = {
             "grasp": grasp,
@@ -205,7 +204,6 @@ class ScriptedPickPlace:
             "grip_above_bottom": float(grasp[2] - lo[2]),
             "target_xy": target_xy,
             "support_top": support_top,
-            "placed": False,
         }
 
     # ------------------------------------------------------------------ control
@@ -292,7 +290,6 @@ class ScriptedPickPlace:
             lower_to = np.array([place_xy[0], place_xy[1], place_z])
             if (self._reached(priv, lower_to, cfg.reach_tol) or self._stalled(lower_to, 2 * cfg.coarse_tol)
                     or self.phase_steps > cfg.phase_timeout // 2):
-                plan["placed"] = True
                 self._goto(Phase.RELEASE)
             return self._servo(priv, lower_to, GRIPPER_CLOSE)
         if self.phase is Phase.RELEASE:

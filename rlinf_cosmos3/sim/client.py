@@ -212,7 +212,7 @@ class LiberoSimProcess:
         except BaseException:
             # Interrupted mid-reply (Ctrl-C, ...): the channel is out of step, so the process goes.
             if not self._closed:
-                self.kill(keep_log=True)
+                self.kill()
             raise
         finally:
             self._pending = None
