@@ -223,3 +223,22 @@ def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
     ds = LeRobotDataset("local/interrupted", root=out, video_backend="pyav")
     assert 1 <= ds.num_episodes < 3
     assert ds[0][MAIN_IMAGE_KEY].shape == (3, 256, 256)
+
+
+@pytest.mark.slow
+def test_tasks_the_policy_cannot_do_are_skipped_not_faked(tmp_path) -> None:
+    """libero_goal task 0 ('open the middle drawer') has no pick-and-place goal: both episodes are
+    reported as skipped, with the reason, and nothing is written."""
+    from rlinf_cosmos3.demos.recorder import RecordConfig, per_task_summary, record_demos, success_rate
+
+    cfg = RecordConfig(suite="libero_goal", task_ids=[0], init_state_ids=[0, 1], out=tmp_path / "ds",
+                       repo_id="local/skipped", keep_failed=True)
+    results = record_demos(cfg, show_progress=False)
+    assert [r.skipped is not None for r in results] == [True, True]
+    assert "open" in results[0].skipped and results[1].skipped == results[0].skipped
+    assert all(r.episode_index is None and not r.success for r in results)
+    assert results[1].task == results[0].task == "open the middle drawer of the cabinet"
+    row = per_task_summary(results)[0]
+    assert row["episodes"] == 0 and row["skipped"] == results[0].skipped
+    assert success_rate(results) == 0.0
+    assert json.loads((cfg.out / "meta" / "info.json").read_text())["total_episodes"] == 0

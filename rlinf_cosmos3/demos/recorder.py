@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE, DemoDatasetWriter, EpisodeRecord
-from rlinf_cosmos3.demos.scripted_policy import PolicyConfig, ScriptedPickPlace
+from rlinf_cosmos3.demos.scripted_policy import PolicyConfig, ScriptedPickPlace, UnsupportedTaskError
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
 from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS, suite_max_steps
 
@@ -72,6 +72,7 @@ class EpisodeResult:
     seconds: float
     regrasps: int
     episode_index: int | None  # index in the dataset, None if dropped
+    skipped: str | None = None  # why the task was not attempted (a goal the policy cannot do)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class _Episode:
     frames: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     success: bool = False
     success_once: bool = False
+    skipped: str | None = None
     stage: str = "make"
     started: float = field(default_factory=time.monotonic)
 
@@ -111,6 +113,8 @@ class DemoRecorder:
         self.writer = writer
         self.max_steps = cfg.resolved_max_steps()
         self.results: list[EpisodeResult] = []
+        self.unsupported: dict[int, str] = {}  # task id -> why the scripted policy cannot do it
+        self.task_text: dict[int, str] = {}  # task id -> LIBERO's language instruction
 
     # ------------------------------------------------------------------ per-slot requests
     def _next_request(self, slot: _Slot) -> None:
@@ -138,6 +142,7 @@ class DemoRecorder:
         assert ep is not None
         if ep.stage == "make":
             slot.task_id, slot.task = ep.task_id, str(reply["task"])
+            self.task_text[ep.task_id] = slot.task
             ep.task, ep.stage = slot.task, "reset"
             return False
         ep.obs = reply
@@ -145,8 +150,12 @@ class DemoRecorder:
             ep.stage = "settle"
             return False
         if ep.stage in ("reset", "settle"):
-            ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy,
-                                          seed=self.cfg.seed * 100003 + ep.task_id * 1009 + ep.init_state_id)
+            try:
+                ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy,
+                                              seed=self.cfg.seed * 100003 + ep.task_id * 1009 + ep.init_state_id)
+            except UnsupportedTaskError as exc:
+                ep.skipped = self.unsupported[ep.task_id] = str(exc)
+                return True
             ep.stage = "run"
             return False
         ep.success = bool(reply["success"])
@@ -160,8 +169,16 @@ class DemoRecorder:
         if slot.task_id == task_id:
             slot.episode.task, slot.episode.stage = slot.task, "reset"
 
+    def _skip(self, ep: _Episode) -> EpisodeResult:
+        logger.warning("%s task %d init %d: skipped, %s", self.cfg.suite, ep.task_id, ep.init_state_id, ep.skipped)
+        return EpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task, success=False,
+                             success_once=False, num_steps=0, seconds=time.monotonic() - ep.started, regrasps=0,
+                             episode_index=None, skipped=ep.skipped)
+
     def _finish(self, ep: _Episode) -> EpisodeResult:
         """Write (or drop) a finished episode and log one line about it."""
+        if ep.skipped is not None:
+            return self._skip(ep)
         keep = ep.success or self.cfg.keep_failed
         index = None
         if keep:
@@ -188,8 +205,14 @@ class DemoRecorder:
         slots = [_Slot(p) for p in procs]
         while True:
             for slot in slots:
-                if slot.episode is None and jobs:
-                    self._start(slot, jobs.pop())
+                while slot.episode is None and jobs:
+                    task_id, init_id = jobs.pop()
+                    if task_id in self.unsupported:
+                        self._record(self._skip(_Episode(task_id, init_id, task=self.task_text.get(task_id, ""),
+                                                          skipped=self.unsupported[task_id])),
+                                     progress)
+                    else:
+                        self._start(slot, (task_id, init_id))
             active = [s for s in slots if s.episode is not None]
             if not active:
                 return self.results
@@ -199,34 +222,41 @@ class DemoRecorder:
                 ended = self._on_reply(slot, slot.proc.recv())
                 if ended:
                     assert slot.episode is not None
-                    self.results.append(self._finish(slot.episode))
+                    self._record(self._finish(slot.episode), progress)
                     slot.episode = None
-                    if progress is not None:
-                        progress.update(1)
-                        progress.set_postfix(success=f"{success_rate(self.results):.0%}")
+
+    def _record(self, result: EpisodeResult, progress: Any) -> None:
+        self.results.append(result)
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(success=f"{success_rate(self.results):.0%}")
 
 
 def success_rate(results: Sequence[EpisodeResult]) -> float:
-    return float(np.mean([r.success for r in results])) if results else 0.0
+    """Share of the *attempted* episodes (skipped ones excluded) that ended in success."""
+    attempted = [r for r in results if r.skipped is None]
+    return float(np.mean([r.success for r in attempted])) if attempted else 0.0
 
 
 def per_task_summary(results: Sequence[EpisodeResult]) -> dict[int, dict[str, Any]]:
-    """task id -> episodes, successes, success rate, mean steps, mean seconds."""
+    """task id -> attempted episodes, successes, success rates, mean steps/seconds, skip reason."""
     by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
     for r in results:
         by_task[r.task_id].append(r)
-    return {
-        t: {
+    summary: dict[int, dict[str, Any]] = {}
+    for t, rs in sorted(by_task.items()):
+        done = [r for r in rs if r.skipped is None]
+        summary[t] = {
             "task": rs[0].task,
-            "episodes": len(rs),
-            "successes": sum(r.success for r in rs),
-            "success_rate": success_rate(rs),
-            "success_once_rate": float(np.mean([r.success_once for r in rs])),
-            "mean_steps": float(np.mean([r.num_steps for r in rs])),
-            "mean_seconds": float(np.mean([r.seconds for r in rs])),
+            "episodes": len(done),
+            "successes": sum(r.success for r in done),
+            "success_rate": success_rate(done),
+            "success_once_rate": float(np.mean([r.success_once for r in done])) if done else 0.0,
+            "mean_steps": float(np.mean([r.num_steps for r in done])) if done else 0.0,
+            "mean_seconds": float(np.mean([r.seconds for r in done])) if done else 0.0,
+            "skipped": next((r.skipped for r in rs if r.skipped is not None), None),
         }
-        for t, rs in sorted(by_task.items())
-    }
+    return summary
 
 
 def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeResult]:

@@ -108,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"success rate per task ({cfg.suite}, max {cfg.resolved_max_steps()} recorded steps "
           f"+ {cfg.num_settle_steps} settle steps):")
     for task_id, row in summary.items():
+        if row["skipped"]:
+            print(f"  task {task_id:2d}: skipped ({row['skipped']})  {row['task']}")
+            continue
         print(f"  task {task_id:2d}: {row['successes']}/{row['episodes']} = {row['success_rate']:.0%} "
               f"(mean {row['mean_steps']:.0f} steps, {row['mean_seconds']:.1f}s)  {row['task']}")
     kept = sum(r.episode_index is not None for r in results)
-    print(f"overall: {success_rate(results):.0%} of {len(results)} episodes; {kept} kept in {cfg.out}")
+    attempted = sum(r.skipped is None for r in results)
+    print(f"overall: {success_rate(results):.0%} of {attempted} attempted episodes; {kept} kept in {cfg.out}")
     if args.summary_json is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
         args.summary_json.write_text(json.dumps({"suite": cfg.suite, "per_task": summary,
