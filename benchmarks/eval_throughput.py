@@ -72,7 +72,9 @@ class Row:
     effective_batch: int
     wall_time_s: float
     env_steps: int
-    chunk_requests: int = 0
+    stage_chunk_steps: int = 0
+    """Chunk steps summed over stage loops (the runner's ``chunk_requests``); HTTP requests are
+    ``inference_only_requests`` (the replay sends exactly the run's requests)."""
     inference_only_s: float | None = None
     inference_only_requests: int = 0
 
@@ -214,7 +216,7 @@ async def _gather(*coros: Any) -> list[Any]:
 async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend: RolloutBackend) -> tuple[int, int]:
     """Worker after worker, env after env: one single-observation request at a time, then the step."""
     outs = [await a.observe.remote(0) for a in actors]
-    steps = requests = 0
+    steps = chunk_steps = 0
     while True:
         for i, actor in enumerate(actors):
             out = outs[i]
@@ -227,11 +229,11 @@ async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend
             for group in groups:  # strictly one request in flight
                 (raw,) = await backend.generate([adapter.build_request(group)])
                 results.append(adapter.parse_response(raw, group))
-                requests += 1
             actions = adapter.restore_order(groups, results, len(out.obs[TASK_DESCRIPTIONS]))
             outs[i] = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
+            chunk_steps += 1
         if all(o.done and not o.results for o in outs):
-            return steps, requests
+            return steps, chunk_steps
 
 
 def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Row:
@@ -241,11 +243,11 @@ def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Ro
         envs.call("setup")
         try:
             t0 = time.perf_counter()
-            steps, requests = asyncio.run(_serial_loop(envs.actors, adapter, backend))
+            steps, chunk_steps = asyncio.run(_serial_loop(envs.actors, adapter, backend))
             wall = time.perf_counter() - t0
         finally:
             envs.call("close")
-    return Row("serial (1 obs/request, no overlap)", "serial", 1, 1, 1, wall, steps, requests)
+    return Row("serial (1 obs/request, no overlap)", "serial", 1, 1, 1, wall, steps, chunk_steps)
 
 
 def _stage_rows(obs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -342,7 +344,7 @@ def table(rows: list[Row], sim: SimOnly, baseline: Row) -> tuple[str, list[dict[
         derived.append(d)
         lines.append(f"{row.name:<36} {row.rate:>8.2f} {d['ratio_to_serial']:>8.2f} "
                      f"{(inf_rate or 0):>10.2f} {(bound or 0):>8.2f} {(d['fraction_of_bound'] or 0):>8.2f} "
-                     f"{row.wall_time_s:>7.1f} {row.chunk_requests:>8d}")
+                     f"{row.wall_time_s:>7.1f} {row.inference_only_requests:>8d}")
     lines.append(f"{'sim-only (no-op chunks, no inference)':<36} {sim_rate:>8.2f} "
                  f"{sim_rate / baseline.rate:>8.2f} {'':>10} {'':>8} {'':>8} {sim.wall_time_s:>7.1f}")
     return "\n".join(lines), derived
