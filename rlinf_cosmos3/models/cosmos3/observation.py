@@ -98,8 +98,9 @@ def compose_observation(
     the same layout and array type. Both views must have the same shape.
     """
     as_numpy = isinstance(main, np.ndarray)
-    main_t = torch.as_tensor(main)
-    wrist_t = torch.as_tensor(wrist)
+    # Arrays from Ray's object store are read-only and torch warns on those: copy them.
+    main_t, wrist_t = (torch.as_tensor(np.array(v) if isinstance(v, np.ndarray) and not v.flags.writeable else v)
+                       for v in (main, wrist))
     if main_t.shape != wrist_t.shape:
         raise ValueError(f"main view {tuple(main_t.shape)} and wrist view {tuple(wrist_t.shape)} differ")
     if main_t.dtype != torch.uint8 or wrist_t.dtype != torch.uint8:
