@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.libero]
 
 REPO = Path(__file__).resolve().parent.parent
 LEFTOVER_PATTERNS = ("rlinf_cosmos3.sim.libero_server", "sglang serve", "sgl_diffusion")
+RUN_MARK = "RLINF_COSMOS3_TEST_RUN"
+"""Environment variable set on each eval subprocess: every process it starts (Ray workers, simulators,
+servers) inherits it, so checks and fault injection touch this run's processes only, never those of
+another run on the same machine."""
 
 
 @pytest.fixture(scope="module")
@@ -28,30 +33,35 @@ def eval_inputs(recorded_libero_dataset, tmp_path_factory) -> dict[str, Path]:
             "stats": write_action_stats(stats, root / "stats.json")}
 
 
-def _processes(pattern: str) -> list[str]:
+def _marked(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose environment carries ``RUN_MARK=mark``."""
+    needle = f"{RUN_MARK}={mark}".encode()
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if pattern in cmd and "pytest" not in cmd:
-                out.append(f"{pid}: {cmd[:120]}")
+            if needle in environ.split(b"\0"):
+                out.append((int(pid), cmd))
     return out
 
 
-def _run_eval(inputs: dict[str, Path], logs: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path | None]:
-    before = {p: set(_processes(p)) for p in LEFTOVER_PATTERNS}
+def _run_eval(inputs: dict[str, Path], logs: Path, *extra: str, mark: str | None = None
+              ) -> tuple[subprocess.CompletedProcess, Path | None]:
+    mark = mark or os.urandom(6).hex()
     proc = subprocess.run(
         ["bash", str(REPO / "evaluations/run_eval.sh"), "libero", "libero_spatial_cosmos3_eval_tiny",
          f"rollout.model.model_path={inputs['model']}", f"rollout.model.action_stats_path={inputs['stats']}",
          f"runner.logs_dir={logs}", "env.eval.max_episode_steps=26", *extra],
-        capture_output=True, text=True, timeout=1500,
+        capture_output=True, text=True, timeout=1500, env={**os.environ, RUN_MARK: mark},
     )
-    for pattern, old in before.items():
-        left = set(_processes(pattern)) - old
-        assert not left, f"processes left behind after the eval: {left}"
+    deadline = time.monotonic() + 20  # process groups are reaped asynchronously after exit
+    while (left := [c for _, c in _marked(mark) if any(p in c for p in LEFTOVER_PATTERNS)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes left behind after the eval: {left}"
     runs = sorted(logs.iterdir()) if logs.exists() else []
     return proc, (runs[-1] if runs else None)
 
@@ -94,20 +104,9 @@ def test_layout_error_names_fields_before_anything_starts(eval_inputs, tmp_path)
     assert "Launching sglang server" not in log and "Ray started" not in log
 
 
-def _server_pids() -> list[int]:
-    """Main processes of our SGLang servers (tagged through their environment)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"RLINF_COSMOS3_SGLANG_SERVER=" in environ and b"sglang" in cmd and b"serve" in cmd:
-            pids.append(int(pid))
-    return pids
+def _server_pids(mark: str) -> list[int]:
+    """Main processes of this run's SGLang servers."""
+    return [pid for pid, cmd in _marked(mark) if "sglang" in cmd and " serve " in cmd]
 
 
 def test_killed_server_mid_eval_still_runs_every_episode_once(eval_inputs, tmp_path) -> None:
@@ -115,9 +114,9 @@ def test_killed_server_mid_eval_still_runs_every_episode_once(eval_inputs, tmp_p
     request retried, and every (task, trial) is reported exactly once."""
     import signal
     import threading
-    import time
 
     logs = tmp_path / "logs"
+    mark = os.urandom(6).hex()
     killed: list[int] = []
 
     def killer() -> None:
@@ -127,7 +126,7 @@ def test_killed_server_mid_eval_still_runs_every_episode_once(eval_inputs, tmp_p
             log = runs[0] / "eval_embodiment.log" if runs else None
             if log is not None and log.exists() and "rollout backend sglang ready" in log.read_text():
                 time.sleep(2.0)  # let the first requests get in flight
-                for pid in _server_pids():
+                for pid in _server_pids(mark):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                 return
@@ -135,7 +134,8 @@ def test_killed_server_mid_eval_still_runs_every_episode_once(eval_inputs, tmp_p
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    proc, run_dir = _run_eval(eval_inputs, logs, "env.eval.max_episode_steps=42", "env.eval.save_video=false")
+    proc, run_dir = _run_eval(eval_inputs, logs, "env.eval.max_episode_steps=42", "env.eval.save_video=false",
+                              mark=mark)
     thread.join(timeout=5)
     assert killed, "the server was never seen running"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
