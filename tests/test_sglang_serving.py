@@ -30,6 +30,7 @@ from rlinf_cosmos3.models.cosmos3 import (
 )
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.paths import sglang_python
+from rlinf_cosmos3.procgroup import group_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -43,13 +44,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class _Server:
@@ -85,16 +79,16 @@ class _Server:
         raise TimeoutError(f"sglang not healthy after {READY_TIMEOUT_S:.0f}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if _group_alive(self.pgid):
+        if group_alive(self.pgid):
             os.killpg(self.pgid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline and self.proc.poll() is None:
                 time.sleep(0.2)
-            if _group_alive(self.pgid):
+            if group_alive(self.pgid):
                 os.killpg(self.pgid, signal.SIGKILL)
         self.proc.wait(timeout=30)  # reap the leader so it no longer counts as a group member
         deadline = time.monotonic() + 10
-        while _group_alive(self.pgid) and time.monotonic() < deadline:
+        while group_alive(self.pgid) and time.monotonic() < deadline:
             time.sleep(0.2)  # children reparented to init are reaped there
 
 
@@ -220,6 +214,6 @@ def test_seed_changes_actions_and_json_matches_msgpack(server: _Server) -> None:
 def test_stop_leaves_no_process(server: _Server) -> None:
     server.stop()
     assert server.proc.returncode is not None
-    assert not _group_alive(server.pgid), f"processes left in group {server.pgid}"
+    assert not group_alive(server.pgid), f"processes left in group {server.pgid}"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)

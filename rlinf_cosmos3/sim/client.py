@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3 import paths
+from rlinf_cosmos3.procgroup import group_alive
 from rlinf_cosmos3.sim.protocol import (
     PREFIX_SIZE,
     Message,
@@ -282,7 +283,7 @@ class LiberoSimProcess:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-            if self._proc.poll() is not None and not _group_alive(self._proc.pid):
+            if self._proc.poll() is not None and not group_alive(self._proc.pid):
                 break
             try:
                 os.killpg(self._proc.pid, sig)
@@ -292,7 +293,7 @@ class LiberoSimProcess:
                 self._proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 continue
-            if not _group_alive(self._proc.pid):
+            if not group_alive(self._proc.pid):
                 break
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
@@ -303,16 +304,6 @@ class LiberoSimProcess:
         if self._own_log and not keep_log and self.log_path.exists():
             self.log_path.unlink()
 
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still exists (signal 0 probes without killing)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def send_all(procs: Sequence[LiberoSimProcess], cmd: str,

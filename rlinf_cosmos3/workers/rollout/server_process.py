@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from rlinf_cosmos3.procgroup import group_alive
 from rlinf_cosmos3.workers.rollout.http_client import HEALTH_PATH
 from rlinf_cosmos3.workers.rollout.ports import PortBlock, reserve_port_block
 
@@ -181,13 +182,13 @@ class SGLangServerProcess:
         proc, self.proc = self.proc, None
         if proc is not None:
             pgid = proc.pid  # the leader of its own session: pgid == pid
-            if _group_alive(pgid):
+            if group_alive(pgid):
                 _signal_group(pgid, signal.SIGTERM)
                 deadline = time.monotonic() + self.spec.stop_timeout_s
-                while _group_alive(pgid) and time.monotonic() < deadline:
+                while group_alive(pgid) and time.monotonic() < deadline:
                     proc.poll()  # reap the leader so it stops counting as a member
                     time.sleep(0.1)
-                if _group_alive(pgid):
+                if group_alive(pgid):
                     logger.warning("sglang server rank %d: group %d ignored SIGTERM; killing it", self.rank, pgid)
                     _signal_group(pgid, signal.SIGKILL)
             try:
@@ -195,21 +196,12 @@ class SGLangServerProcess:
             except subprocess.TimeoutExpired:
                 logger.error("sglang server rank %d: pid %d did not exit after SIGKILL", self.rank, proc.pid)
             deadline = time.monotonic() + 10
-            while _group_alive(pgid) and time.monotonic() < deadline:
+            while group_alive(pgid) and time.monotonic() < deadline:
                 time.sleep(0.1)  # forked children reparented to init are reaped there
             logger.info("sglang server rank %d stopped (pid %d, exit code %s)", self.rank, proc.pid, proc.returncode)
         if self.ports is not None:
             self.ports.release()
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
