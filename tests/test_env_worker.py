@@ -238,6 +238,9 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         out1 = _step(group, 1, out1.obs)  # trial 2 is 26 steps in
         victim = _slot_pid(group, 1)
         pgids.add(victim)
+        # Freeze the simulator first so the chunk step cannot finish before the kill lands
+        # (6 steps take well under a second on an idle machine): the crash is always mid-step.
+        os.kill(victim, signal.SIGSTOP)
         ref = group.call_async("chunk_step", 1, _noop_chunk(1), out1.obs[SLOT_IDS], ranks=[0])
         time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
