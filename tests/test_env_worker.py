@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import ray
 
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig, WorkerError, WorkerGroup
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess
 from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker
+from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.env.stage import (
     MAIN_IMAGES,
@@ -93,8 +94,7 @@ def cluster() -> Iterator[Cluster]:
 
 @contextmanager
 def env_group(cluster: Cluster, cfg: EnvEvalConfig, stages: int = 1) -> Iterator[WorkerGroup]:
-    group = WorkerGroup(LiberoEnvWorker, cluster, cfg.num_workers, kwargs={"cfg": cfg, "pipeline_stage_num": stages},
-                        init_distributed=False, cpus_per_rank=0.5, name="libero-env")
+    group = start_env_workers(cluster, cfg, stages, cpus_per_rank=0.5, name="libero-env")
     try:
         yield group
     finally:
@@ -118,6 +118,18 @@ def _slot_pid(group: WorkerGroup, slot_id: int) -> int:
     pid = next(s["pid"] for s in _call(group, "stats") if s["slot_id"] == slot_id)
     assert pid is not None, f"slot {slot_id} has no live simulator"
     return pid
+
+
+def _wait_phases(group: WorkerGroup, want: dict[int, str], timeout_s: float = 120.0) -> None:
+    """Poll ``stats`` until each slot in ``want`` is in the given phase (a control call: it is
+    answered by the actor's spare thread while stage calls are in flight)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        phases = {s["slot_id"]: s["phase"] for s in group.call_rank(0, "stats", timeout_s=60)}
+        if all(phases[slot] == phase for slot, phase in want.items()):
+            return
+        assert time.monotonic() < deadline, f"slots never reached {want}: {phases}"
+        time.sleep(0.2)
 
 
 def _decode(path: str) -> list[np.ndarray]:
@@ -267,6 +279,84 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         _call(group, "close")
     assert sorted((r.task_id, r.trial_id, r.error) for r in results) == [(0, 0, None), (0, 1, None), (0, 2, None)]
     assert not _wait_all_gone(pgids), "simulator processes left behind"
+
+
+def test_two_stages_of_one_worker_step_at_the_same_time(cluster: Cluster) -> None:
+    """2 stages x 1 slot on ONE worker. Both simulators are frozen (SIGSTOP) and both stages' chunk
+    steps issued at once: both calls get inside the worker (their slots show phase ``step``) while
+    neither can finish, and a control call is still answered -- a sequential actor would run the
+    second chunk step only after the first returned. After SIGCONT both finish; the calls' start/end
+    times (taken in the worker) overlap. The episodes end as with one stage at a time."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
+                        max_episode_steps=CAP)
+    pgids: set[int] = set()
+    results: list[EpisodeResult] = []
+    with env_group(cluster, cfg, stages=2) as group:
+        _call(group, "setup")
+        refs = [group.call_async("observe", s, ranks=[0])[0] for s in (0, 1)]
+        outs = group.gather(refs, [0, 0], method="observe", timeout_s=CALL_TIMEOUT_S)
+        assert [o.obs[SLOT_IDS].tolist() for o in outs] == [[0], [1]]
+        assert [o.obs[TRIAL_IDS].tolist() for o in outs] == [[0], [1]]
+        pids = [_slot_pid(group, 0), _slot_pid(group, 1)]
+        pgids.update(pids)
+
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            refs = [group.call_async("chunk_step", s, _noop_chunk(1), outs[s].obs[SLOT_IDS], ranks=[0])[0]
+                    for s in (0, 1)]
+            _wait_phases(group, {0: "step", 1: "step"})  # both stages are inside chunk_step at once
+            assert _call(group, "done") is False
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        outs = group.gather(refs, [0, 0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)
+        assert max(o.started_s for o in outs) < min(o.finished_s for o in outs), \
+            [(o.started_s, o.finished_s) for o in outs]
+        assert all(o.results == [] for o in outs)
+
+        refs = [group.call_async("chunk_step", s, _noop_chunk(1), outs[s].obs[SLOT_IDS], ranks=[0])[0]
+                for s in (0, 1)]
+        outs = group.gather(refs, [0, 0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)
+        for out in outs:
+            assert out.done and out.obs[SLOT_IDS].tolist() == []
+            results += out.results
+        assert _call(group, "done")
+        _call(group, "close")
+    assert sorted((r.trial_id, r.steps, r.error) for r in results) == [(0, CAP, None), (1, CAP, None)]
+    assert not _wait_all_gone(pgids), "simulator processes left behind"
+
+
+def test_failure_in_one_stage_stops_the_other_stage_once_its_call_returns(cluster: Cluster) -> None:
+    """Stage 1 is mid chunk step (its simulator frozen) when stage 0 gets NaN actions: stage 0's
+    simulator is killed at once, the error waits for stage 1's call to return (its pipes are not
+    pulled from under it), then stage 1's simulator is killed too and the error reaches the caller.
+    Every later call is refused."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
+                        max_episode_steps=CAP)
+    with env_group(cluster, cfg, stages=2) as group:
+        _call(group, "setup")
+        outs = [_call(group, "observe", s) for s in (0, 1)]
+        pid0, pid1 = _slot_pid(group, 0), _slot_pid(group, 1)
+        os.kill(pid1, signal.SIGSTOP)
+        try:
+            busy = group.call_async("chunk_step", 1, _noop_chunk(1), outs[1].obs[SLOT_IDS], ranks=[0])
+            _wait_phases(group, {1: "step"})
+            bad = _noop_chunk(1)
+            bad[0, 0, 0] = np.nan
+            failing = group.call_async("chunk_step", 0, bad, outs[0].obs[SLOT_IDS], ranks=[0])
+            assert not _wait_all_gone({pid0}), "the failing stage's simulator should be killed at once"
+            done, _ = ray.wait(failing, timeout=1.0)
+            assert not done, "the error must wait until the busy stage can be stopped"
+        finally:
+            os.kill(pid1, signal.SIGCONT)
+        out1 = group.gather(busy, [0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)[0]
+        assert out1.obs[SLOT_IDS].tolist() == [1], "the busy stage's call completes normally"
+        with pytest.raises(WorkerError, match="non-finite actions for slots \\[0\\]"):
+            group.gather(failing, [0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)
+        assert not _wait_all_gone({pid0, pid1}), "simulator left after an exception"
+        with pytest.raises(WorkerError, match="failed earlier"):
+            _call(group, "chunk_step", 1, _noop_chunk(1), out1.obs[SLOT_IDS])
 
 
 def test_retries_exhausted_error_then_exception_then_actor_death(cluster: Cluster) -> None:

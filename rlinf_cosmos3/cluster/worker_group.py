@@ -42,6 +42,9 @@ class WorkerGroup(Generic[W]):
     ``args``/``kwargs`` go to every rank's constructor. With ``init_distributed`` the group's
     default torch.distributed process group is ready when the constructor returns. Use as a
     context manager (or call :meth:`shutdown`) so actors and the placement group are freed.
+    ``max_concurrency > 1`` makes each rank a threaded actor that runs up to that many calls at
+    once (the worker must then guard its shared state); ``None`` keeps Ray's default, one call at
+    a time for a synchronous worker.
     """
 
     def __init__(
@@ -61,9 +64,13 @@ class WorkerGroup(Generic[W]):
         backend: str | None = None,
         dist_timeout_s: float = 600.0,
         env_vars: dict[str, str] | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(f"worker_cls must be a Worker subclass, got {worker_cls!r}")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self._actor_options: dict[str, Any] = {} if max_concurrency is None else {"max_concurrency": max_concurrency}
         self.name = name or f"{worker_cls.__name__}-{uuid.uuid4().hex[:6]}"
         self.plan: PlacementPlan = plan_placement(
             cluster.resources(), num_ranks, num_nodes=num_nodes, gpus_per_rank=gpus_per_rank,
@@ -105,6 +112,7 @@ class WorkerGroup(Generic[W]):
                 resources=self.plan.custom_per_rank or None, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=p.node_rank),
+                **self._actor_options,
             ).remote(env, *args, **kwargs)
             self._actors.append(actor)
         # Surfaces constructor errors (with rank) before anything else is asked of the ranks.

@@ -7,29 +7,43 @@ each stage on its own: ``observe(s)``, then ``chunk_step(s, actions)`` with the 
 another stage's request is being served. Every call returns a :class:`StageOutput` whose
 ``results`` are the episodes that ended since the stage last reported.
 
+The actor is threaded (:func:`start_env_workers` gives it ``S + 1`` threads) so the ``S`` stages
+step concurrently: while stage 0's chunk step waits on its simulators' pipes (select/read, no GIL
+held), stage 1's runs too, and one spare thread keeps control calls (``done``, ``stats``, ``close``)
+from queueing behind them. Each stage owns its slots (processes, episode queues, videos, unreported
+results) and a lock held for the whole of a call on it, so per-stage calls touch disjoint state;
+the worker-wide flags (failed, closed) sit behind one more lock. ``setup`` and ``close`` take every
+stage's lock, so they never pull a process from under a running call.
+
 No simulator process outlives the worker: ``close()`` stops them; any exception escaping a method
-kills them before it propagates (the worker is unusable afterwards); if the actor process itself
-dies, the kernel closes its ends of the simulators' pipes and each simulator exits on the EOF.
+kills them before it propagates (the worker is unusable afterwards; a stage that is mid-call is
+killed as soon as that call returns); if the actor process itself dies, the kernel closes its ends
+of the simulators' pipes and each simulator exits on the EOF.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.cluster import Worker, WorkerGroup
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.env.episodes import list_episodes, worker_plan
 from rlinf_cosmos3.workers.env.slot import EnvSlot, describe
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 
+if TYPE_CHECKING:
+    from rlinf_cosmos3.cluster import Cluster
+
 
 class LiberoEnvWorker(Worker):
-    """See the module docstring. Construct through ``WorkerGroup(LiberoEnvWorker, cluster, W, ...)``."""
+    """See the module docstring. Start the group with :func:`start_env_workers` (it makes the actor threaded)."""
 
     def __init__(self, cfg: EnvEvalConfig, pipeline_stage_num: int = 1) -> None:
         try:
@@ -46,7 +60,9 @@ class LiberoEnvWorker(Worker):
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
         self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)
                         for s in range(pipeline_stage_num)]
-        self._observed = [False] * pipeline_stage_num
+        self._observed = [False] * pipeline_stage_num  # entry s: under stage s's lock
+        self._stage_locks = [threading.Lock() for _ in range(pipeline_stage_num)]
+        self._state_lock = threading.Lock()  # guards _failure and _closed
         self._failure: str | None = None
         self._closed = False
         assigned = sum(len(eps) for stage in plan for _, eps in stage)
@@ -56,32 +72,63 @@ class LiberoEnvWorker(Worker):
                          cfg.num_settle_steps)
 
     # ------------------------------------------------------------------ guard
-    @contextmanager
-    def _guard(self, what: str) -> Iterator[None]:
-        """Refuse work after a failure or close; on any exception, kill every simulator first."""
-        if self._failure is not None:
-            raise RuntimeError(f"env worker rank {self.rank} failed earlier ({self._failure}); {what} refused")
-        if self._closed:
-            raise RuntimeError(f"env worker rank {self.rank} is closed; {what} refused")
-        try:
-            yield
-        except BaseException as exc:
-            self._failure = f"{what}: {type(exc).__name__}: {exc}"
-            self.logger.error("%s failed, stopping all simulator processes: %s", what, exc)
-            for stage in self._stages:
-                stage.kill()
-            raise
+    def _check_usable(self, what: str) -> None:
+        with self._state_lock:
+            if self._failure is not None:
+                raise RuntimeError(f"env worker rank {self.rank} failed earlier ({self._failure}); {what} refused")
+            if self._closed:
+                raise RuntimeError(f"env worker rank {self.rank} is closed; {what} refused")
 
-    def _stage(self, stage: int) -> EnvStage:
-        if not 0 <= stage < self.num_stages:
-            raise ValueError(f"stage {stage} out of range (pipeline_stage_num={self.num_stages})")
-        return self._stages[stage]
+    @contextmanager
+    def _holding(self, stages: Sequence[int]) -> Iterator[None]:
+        """Hold the locks of ``stages`` (ascending, so two multi-stage holders cannot deadlock)."""
+        with ExitStack() as stack:
+            for s in sorted(stages):
+                stack.enter_context(self._stage_locks[s])
+            yield
+
+    @contextmanager
+    def _guard(self, what: str, stages: Sequence[int]) -> Iterator[None]:
+        """Run ``what`` holding ``stages``' locks; refuse it after a failure or close. On any exception
+        record the failure before the locks go (so a call queued on the same stage is refused), then
+        kill every simulator before the exception propagates."""
+        self._check_usable(what)  # fail fast, without waiting for a busy stage
+        failed = False
+        try:
+            bad = [s for s in stages if not 0 <= s < self.num_stages]
+            if bad:
+                failed = True
+                err = ValueError(f"stage {bad[0]} out of range (pipeline_stage_num={self.num_stages})")
+                self._record_failure(what, err)
+                raise err
+            with self._holding(stages):
+                self._check_usable(what)  # close() or another stage's failure may have come meanwhile
+                try:
+                    yield
+                except BaseException as exc:
+                    failed = True
+                    self._record_failure(what, exc)
+                    raise
+        finally:
+            if failed:
+                self._kill_all()
+
+    def _record_failure(self, what: str, exc: BaseException) -> None:
+        with self._state_lock:
+            self._failure = self._failure or f"{what}: {type(exc).__name__}: {exc}"
+        self.logger.error("%s failed, stopping all simulator processes: %s", what, exc)
+
+    def _kill_all(self) -> None:
+        """Kill every stage's simulators; a stage busy in another thread is killed when its call returns."""
+        for s, stage in enumerate(self._stages):
+            with self._stage_locks[s]:
+                stage.kill()
 
     # ------------------------------------------------------------------ API
     def setup(self) -> dict[str, Any]:
         """Start the simulator process of every slot that has episodes (fails fast if the simulator
         environment is broken). Returns counts for the driver's log."""
-        with self._guard("setup"):
+        with self._guard("setup", range(self.num_stages)):
             for stage in self._stages:
                 stage.start_processes()
             slots = [slot for stage in self._stages for slot in stage.slots]
@@ -91,24 +138,29 @@ class LiberoEnvWorker(Worker):
 
     def observe(self, stage: int) -> StageOutput:
         """The stage's current observations; the first call builds and resets its envs (in parallel)."""
-        with self._guard(f"observe({stage})"):
-            env_stage = self._stage(stage)
+        with self._guard(f"observe({stage})", [stage]):
+            started = time.monotonic()
+            env_stage = self._stages[stage]
             if not self._observed[stage]:
                 env_stage.run()
                 self._observed[stage] = True
-            return env_stage.output()
+            return env_stage.output(started)
 
     def chunk_step(self, stage: int, actions: np.ndarray, slot_ids: Any = None) -> StageOutput:
         """Run ``actions[i]`` (``[K, 7]`` LIBERO commands) in the stage's i-th active env, all envs in
         parallel; finished episodes auto-reset into their slot's next one. ``slot_ids`` (from the
-        observation) is checked against the active slots when given."""
-        with self._guard(f"chunk_step({stage})"):
-            env_stage = self._stage(stage)
+        observation) is checked against the active slots when given. Calls for different stages
+        run concurrently."""
+        with self._guard(f"chunk_step({stage})", [stage]):
+            started = time.monotonic()
+            env_stage = self._stages[stage]
             if not self._observed[stage]:
                 raise RuntimeError(f"chunk_step({stage}) before observe({stage}): no observation was handed out")
             env_stage.step(actions, slot_ids)
-            return env_stage.output()
+            return env_stage.output(started)
 
+    # Control calls below take no stage lock (the spare actor thread answers them while stages
+    # step): they read a snapshot that may be one reply old.
     def done(self) -> bool:
         """True when every episode of this worker has been reported."""
         return all(stage.done for stage in self._stages)
@@ -119,13 +171,33 @@ class LiberoEnvWorker(Worker):
 
     def sim_process_ids(self) -> list[int]:
         """OS pids of the live simulator processes (each also its process group id)."""
-        return [slot.process_id for stage in self._stages for slot in stage.slots if slot.process_id is not None]
+        pids = [slot.process_id for stage in self._stages for slot in stage.slots]
+        return [pid for pid in pids if pid is not None]
 
     def close(self) -> None:
-        """Stop every simulator process (idempotent; also after a failure)."""
-        if self._closed:
-            return
-        self._closed = True
-        for stage in self._stages:
-            stage.close()
+        """Stop every simulator process (idempotent; also after a failure). Waits for calls in
+        flight on other threads to return first; calls arriving later are refused."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for s, stage in enumerate(self._stages):
+            with self._stage_locks[s]:
+                stage.close()
         self.logger.info("env worker closed")
+
+
+def start_env_workers(cluster: Cluster, cfg: EnvEvalConfig, pipeline_stage_num: int, *,
+                      cpus_per_rank: float | None = None, name: str = "env") -> WorkerGroup[LiberoEnvWorker]:
+    """The ``cfg.num_workers`` env worker actors, each threaded so its stages step concurrently.
+
+    ``S + 1`` threads: one per stage plus one for control calls. ``cpus_per_rank`` defaults to half
+    the cluster's CPUs over the workers (Ray bookkeeping only: the simulators are child processes
+    Ray does not count; the other half is left to the rollout backend's actors).
+    """
+    if cpus_per_rank is None:
+        cpus_per_rank = max(1.0, cluster.resources().total_cpus / (2 * cfg.num_workers))
+    return WorkerGroup(LiberoEnvWorker, cluster, cfg.num_workers,
+                       kwargs={"cfg": cfg, "pipeline_stage_num": pipeline_stage_num},
+                       cpus_per_rank=cpus_per_rank, name=name, init_distributed=False,
+                       max_concurrency=pipeline_stage_num + 1)

@@ -97,7 +97,8 @@ class EnvSlot:
 
     @property
     def process_id(self) -> int | None:
-        return self.proc.process_id if self.proc is not None and self.proc.alive else None
+        proc = self.proc  # read once: a control call may ask while the stage's thread replaces it
+        return proc.process_id if proc is not None and proc.alive else None
 
     # ------------------------------------------------------------------ process
     def ensure_process(self) -> None:

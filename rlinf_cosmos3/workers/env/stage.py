@@ -5,10 +5,14 @@ has work, then collects the replies (each process uses its own core meanwhile). 
 until every slot is READY or IDLE, so a chunk step returns only when all the stage's envs can show
 an observation again -- including the ones that just started their next episode or were restarted
 after a crash.
+
+A stage is driven by one thread at a time (the env worker holds the stage's lock for each call);
+different stages of one worker share no state, so they step concurrently.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +38,16 @@ class StageOutput:
     ``obs`` holds one row per READY slot, ordered by slot position in the stage; the next
     ``chunk_step`` takes actions in this order. ``results`` are episodes that ended since the
     stage last reported (each exactly once). ``done``: no slot of the stage has work left.
+    ``started_s``/``finished_s``: ``time.monotonic()`` in the worker when the call began and ended
+    (one clock for every process of a host), so a driver can see the stage's simulation time and
+    whether the calls of different stages overlapped.
     """
 
     obs: dict[str, Any]
     results: list[EpisodeResult] = field(default_factory=list)
     done: bool = False
+    started_s: float = 0.0
+    finished_s: float = 0.0
 
     @property
     def num_envs(self) -> int:
@@ -116,10 +125,13 @@ class EnvStage:
             self._unreported.append(result)
 
     # ------------------------------------------------------------------ output
-    def output(self) -> StageOutput:
-        """The READY slots' observation batch and the results not reported yet."""
+    def output(self, started_s: float = 0.0) -> StageOutput:
+        """The READY slots' observation batch and the results not reported yet; ``started_s`` is
+        when the call that produced them began."""
         results, self._unreported = self._unreported, []
-        return StageOutput(obs=self.observe(), results=results, done=self.done)
+        obs = self.observe()
+        return StageOutput(obs=obs, results=results, done=self.done, started_s=started_s,
+                           finished_s=time.monotonic())
 
     def observe(self) -> dict[str, Any]:
         ready = self.ready_slots()
