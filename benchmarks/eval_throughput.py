@@ -14,7 +14,8 @@ env-steps/s in one run:
 
 A configuration's bound is ``min(sim-only rate, its inference-only rate)`` (time bound
 ``max(sim time, inference time)``: perfect overlap). One backend (started once, with the largest
-batch size) serves every row. Episodes run to the step cap
+batch size) serves every row: it is handed to ``PipelinedEvalRunner.run(cluster, backend=...)``,
+which leaves it running. Episodes run to the step cap
 (``stop_on_success=false``) so every configuration does exactly the same env steps.
 
     .venv/bin/python benchmarks/eval_throughput.py                      # CPU default, ~10 min on 2 cores
@@ -42,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.cluster import Cluster
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
-from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
-from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker
+from rlinf_cosmos3.runners.eval_runner import EvalSummary, PipelinedEvalRunner
+from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.stage import SLOT_IDS, TASK_DESCRIPTIONS, StageOutput
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
@@ -166,15 +167,6 @@ def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Pat
 # ---------------------------------------------------------------------------------------------- drivers
 
 
-def env_group(cfg: EvalConfig, cluster: Cluster) -> WorkerGroup:
-    """The env workers exactly as :class:`PipelinedEvalRunner` places them."""
-    env = cfg.env.eval
-    return WorkerGroup(LiberoEnvWorker, cluster, env.num_workers,
-                       kwargs={"cfg": env, "pipeline_stage_num": cfg.rollout.pipeline_stage_num},
-                       cpus_per_rank=max(1.0, cluster.resources().total_cpus / (2 * env.num_workers)),
-                       name="env", init_distributed=False)
-
-
 @dataclass
 class SimOnly:
     wall_time_s: float
@@ -198,7 +190,7 @@ async def _sim_only_loop(actor: Any) -> tuple[int, int, dict[str, Any]]:
 
 def run_sim_only(cfg: EvalConfig, cluster: Cluster) -> SimOnly:
     """Step every episode with the no-op chunk, all of a worker's envs at once (``cfg`` has S=1)."""
-    with env_group(cfg, cluster) as envs:
+    with start_env_workers(cluster, cfg.env.eval, 1) as envs:
         envs.call("setup")
         try:
             t0 = time.perf_counter()
@@ -239,7 +231,7 @@ async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend
 def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Row:
     """The baseline (``cfg`` has S=1); ``backend`` is already started."""
     adapter = Cosmos3ActionAdapter(cfg.rollout.model, 1)
-    with env_group(cfg, cluster) as envs:
+    with start_env_workers(cluster, cfg.env.eval, 1) as envs:
         envs.call("setup")
         try:
             t0 = time.perf_counter()
@@ -286,32 +278,12 @@ async def _inference_only(sim: SimOnly, stages: int, batch: int, serial: bool, m
     return time.perf_counter() - t0, counts[0]
 
 
-class SharedBackendRunner(PipelinedEvalRunner):
-    """:class:`PipelinedEvalRunner` on a backend that is already started and outlives the run.
-
-    ``PipelinedEvalRunner.run`` starts its own backend; restarting a server for every row costs
-    minutes here and would change the server between rows. This runs the runner's own loop
-    (``_drive``) with the shared backend; only the setup around it is repeated.
-    """
-
-    def run_with(self, cluster: Cluster, backend: RolloutBackend) -> tuple[float, int, int]:
-        """Wall time (first observation to last chunk step), env steps and chunk requests."""
-        env = self.cfg.env.eval
-        adapter = Cosmos3ActionAdapter(self.cfg.rollout.model, self.cfg.rollout.batching_max_size)
-        with env_group(self.cfg, cluster) as envs:
-            envs.call("setup")
-            self._open_outputs(env.num_episodes)
-            try:
-                t0 = time.perf_counter()
-                asyncio.run(self._drive(envs, adapter, backend))
-                wall = time.perf_counter() - t0
-            finally:
-                self._close_outputs()
-                envs.call("close")
-        errors = [r for r in self.results if r.error is not None]
-        if errors:
-            raise RuntimeError(f"{len(errors)} episodes failed in {self.run_dir}: {errors[0].error}")
-        return wall, sum(r.steps for r in self.results), self.chunk_requests
+def run_pipelined(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend, run_dir: Path) -> EvalSummary:
+    """The runner itself on the shared, already started ``backend`` (which it leaves running)."""
+    summary = PipelinedEvalRunner(cfg, run_dir).run(cluster, backend=backend)
+    if summary.num_errors:
+        raise RuntimeError(f"{summary.num_errors} episodes failed in {run_dir} (see its results.jsonl)")
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -408,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                 logger.info("== %s", name)
                 run_dir = work / "runs" / f"S{s}_B{eff}"
                 run_dir.mkdir(parents=True, exist_ok=True)
-                runner = SharedBackendRunner(eval_config(args, s, eff, work / "runs"), run_dir)
-                wall, steps, requests = runner.run_with(cluster, backend)
-                row = Row(name, "pipelined", s, b, eff, wall, steps, requests)
+                summary = run_pipelined(eval_config(args, s, eff, work / "runs"), cluster, backend, run_dir)
+                row = Row(name, "pipelined", s, b, eff, summary.wall_time_s, summary.env_steps,
+                          summary.chunk_requests)
                 row.inference_only_s, row.inference_only_requests = inf[(s, eff)]
                 rows.append(row)
 

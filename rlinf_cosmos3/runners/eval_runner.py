@@ -4,8 +4,10 @@
 its own loop -- observe -> adapter groups envs by prompt length -> backend serves the requests ->
 actions back in env order -> chunk step -- as an asyncio task. Ray actor calls and HTTP requests
 are awaited, never blocked on, so while stage ``s`` is being simulated the requests of the other
-stages are in flight on the servers (several at once, across servers). Unlike the reference (one
-request in flight per rollout rank), nothing here waits for a whole batch of stages.
+stages are in flight on the servers (several at once, across servers), and the env workers are
+threaded actors, so the chunk steps of different stages of one worker run at the same time too.
+Unlike the reference (one request in flight per rollout rank), nothing here waits for a whole batch
+of stages.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from tqdm import tqdm
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.tracking import ScalarWriter
-from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker
+from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
@@ -87,7 +90,11 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
 
 
 class PipelinedEvalRunner:
-    """Owns the env workers and the rollout backend of one evaluation."""
+    """Drives the env workers and a rollout backend through one evaluation.
+
+    It starts (and stops) its env workers; the backend is its own unless one is handed to
+    :meth:`run` (see there).
+    """
 
     def __init__(self, cfg: EvalConfig, run_dir: Path) -> None:
         self.cfg = cfg
@@ -98,30 +105,40 @@ class PipelinedEvalRunner:
         self._writer: ScalarWriter | None = None
         self._results_file = None
 
-    def run(self, cluster: Cluster) -> EvalSummary:
-        """Evaluate every assigned episode once; write results.jsonl, summary.json and TensorBoard."""
+    def run(self, cluster: Cluster, backend: RolloutBackend | None = None) -> EvalSummary:
+        """Evaluate every assigned episode once; write results.jsonl, summary.json and TensorBoard.
+
+        Without ``backend`` the runner makes the configured one, starts it once the env workers
+        are up and closes it at the end (also on errors). With ``backend`` -- already started, e.g.
+        one server shared by several runs, which saves its start-up (minutes) each time -- it is
+        used as is and left running: whoever started it closes it. ``wall_time_s`` covers the
+        first observation to the last chunk step (no simulator or backend start-up).
+        """
         cfg, env = self.cfg, self.cfg.env.eval
-        backend = make_backend(cfg.rollout.rollout_backend, cfg.rollout.model, sglang_cfg=cfg.rollout.sglang,
-                               embedded_cfg=cfg.rollout.embedded, log_dir=self.run_dir / "servers", cluster=cluster)
+        self.results, self.chunk_requests = [], 0
+        owned = backend is None
+        if backend is None:
+            backend = make_backend(cfg.rollout.rollout_backend, cfg.rollout.model, sglang_cfg=cfg.rollout.sglang,
+                                   embedded_cfg=cfg.rollout.embedded, log_dir=self.run_dir / "servers",
+                                   cluster=cluster)
         adapter = Cosmos3ActionAdapter(cfg.rollout.model, cfg.rollout.batching_max_size)
-        t0 = time.perf_counter()
-        with WorkerGroup(LiberoEnvWorker, cluster, env.num_workers,
-                         kwargs={"cfg": env, "pipeline_stage_num": cfg.rollout.pipeline_stage_num},
-                         cpus_per_rank=max(1.0, cluster.resources().total_cpus / (2 * env.num_workers)),
-                         name="env", init_distributed=False) as envs:
+        wall = 0.0
+        with start_env_workers(cluster, env, cfg.rollout.pipeline_stage_num) as envs:
             infos = envs.call("setup")
             logger.info("env workers ready: %s", ", ".join(
                 f"rank {i['rank']}: {i['episodes']} episodes on {i['busy_slots']}/{i['slots']} envs" for i in infos))
-            with backend:
-                logger.info("rollout backend %s ready", cfg.rollout.rollout_backend)
-                t0 = time.perf_counter()
+            with (backend if owned else nullcontext(backend)):
+                logger.info("rollout backend %s ready%s", cfg.rollout.rollout_backend,
+                            "" if owned else " (given by the caller, left running)")
                 self._open_outputs(env.num_episodes)
                 try:
+                    t0 = time.perf_counter()
                     asyncio.run(self._drive(envs, adapter, backend))
+                    wall = time.perf_counter() - t0
                 finally:
                     self._close_outputs()
                     envs.call("close")
-        summary = summarize(self.results, cfg, time.perf_counter() - t0, self.chunk_requests)
+        summary = summarize(self.results, cfg, wall, self.chunk_requests)
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
         return summary
 
