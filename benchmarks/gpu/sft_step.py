@@ -616,12 +616,6 @@ def build_policy(setup: Setup, variant: Variant, *, with_optimizer: bool = True)
     from rlinf_cosmos3.workers.actor.optim import build_param_groups, select_trainable
 
     transformer = meta_transformer(setup.model_dir, setup.layers)
-    if variant.compile:
-        # As torchtitan: compile each block, then fully_shard the compiled blocks (parallelize does).
-        # diffusers' checkpointing, if on, wraps the compiled block's call. The wrapper adds
-        # `_orig_mod.` to parameter names, which optim.clean_param_name strips for the recipe's keys.
-        for index, layer in list(transformer.layers.named_children()):
-            transformer.layers.register_module(index, torch.compile(layer))
     policy = Cosmos3Policy(transformer, setup.vae, setup.tokenizer, setup.scheduler, setup.policy_cfg)
     parallelize(
         policy,
@@ -630,6 +624,7 @@ def build_policy(setup: Setup, variant: Variant, *, with_optimizer: bool = True)
             precision=setup.precision,
             activation_checkpointing=variant.activation_checkpointing,
             reshard_after_forward=variant.reshard_after_forward,
+            compile_blocks=variant.compile,  # torchtitan's order: compile each block, then shard it
         ),
     )
     if variant.prefetch:

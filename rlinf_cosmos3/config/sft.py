@@ -32,6 +32,11 @@ class ModelConfig:
     load_to_device: bool = False
     """False: build on CPU/meta and let FSDP2 shard onto the GPUs (never the whole model on one device)."""
     activation_checkpointing: bool = False
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered layer parameters after forward (False: keep them until backward; faster,
+    costs one unsharded copy of the layers per GPU)."""
+    compile_blocks: bool = False
+    """``torch.compile`` each decoder block (GPU; on one H200 1.6x faster SFT steps, docs/benchmarks.md)."""
     ema_enabled: bool = True
     ema_rate: float = 0.1
     """Power-EMA exponent (cosmos-framework ``ema: power``, rate 0.1)."""

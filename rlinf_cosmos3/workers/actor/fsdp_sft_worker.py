@@ -95,7 +95,10 @@ class FSDPSFTWorker(Worker):
             self.policy,
             mesh,
             ParallelizeConfig(
-                precision=precision, activation_checkpointing=model_cfg.activation_checkpointing
+                precision=precision,
+                activation_checkpointing=model_cfg.activation_checkpointing,
+                reshard_after_forward=model_cfg.reshard_after_forward,
+                compile_blocks=model_cfg.compile_blocks,
             ),
         )
         transformer = self.policy.transformer
