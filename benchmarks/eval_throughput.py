@@ -13,9 +13,16 @@ env-steps/s in one run:
                   number of concurrent stage loops and chunk steps) served with no simulation.
 
 A configuration's bound is ``min(sim-only rate, its inference-only rate)`` (time bound
-``max(sim time, inference time)``: perfect overlap). One backend (started once, with the largest
-batch size) serves every row: it is handed to ``PipelinedEvalRunner.run(cluster, backend=...)``,
-which leaves it running. Episodes run to the step cap
+``max(sim time, inference time)``: perfect overlap). Every rate comes twice: over the whole ``wall``
+(first observation -> last chunk step, so env build, reset and the first settle steps included) and
+``steady`` (from the end of the first observation, i.e. the first request, to the last chunk step,
+counting the env steps less the settle steps run inside the first observation), each against the
+bound computed the same way (inference-only time is all after the first observation anyway).
+An untimed warm-up (a short sim-only pass, ``--no-warmup`` skips it) comes first, so the timed
+sim-only row -- which must run before the others, since the inference-only replays reuse its
+observations -- is not the one that pays for a cold machine (file cache, first EGL/MuJoCo loads).
+One backend (started once, with the largest batch size) serves every row: it is handed to
+``PipelinedEvalRunner.run(cluster, backend=...)``, which leaves it running. Episodes run to the step cap
 (``stop_on_success=false``) so every configuration does exactly the same env steps.
 
     .venv/bin/python benchmarks/eval_throughput.py                      # CPU default, ~10 min on 2 cores
@@ -78,10 +85,18 @@ class Row:
     ``inference_only_requests`` (the replay sends exactly the run's requests)."""
     inference_only_s: float | None = None
     inference_only_requests: int = 0
+    steady_time_s: float = 0.0
+    """From the end of the first observation (the first request) to the last chunk step."""
+    steady_env_steps: int = 0
+    """``env_steps`` less the settle steps run inside the first observation."""
 
     @property
     def rate(self) -> float:
         return self.env_steps / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def steady_rate(self) -> float:
+        return self.steady_env_steps / self.steady_time_s if self.steady_time_s > 0 else 0.0
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -95,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=42,
                    help="episode step cap, settle steps included (42 = 10 settle + 2 chunks of 16)")
     p.add_argument("--settle-steps", type=int, default=10)
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the untimed warm-up pass (settle + one chunk per env) before the timed rows")
     p.add_argument("--episodes-per-env", type=int, default=1)
     p.add_argument("--suite", default="libero_spatial")
     p.add_argument("--task-ids", default="0", help="comma-separated task ids; episodes go task-major")
@@ -138,8 +155,9 @@ def synthetic_stats(path: Path, fps: int = 20) -> Path:
     return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), path)
 
 
-def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Path) -> EvalConfig:
-    """The eval config of one configuration (validated by the library)."""
+def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Path,
+                steps: int | None = None) -> EvalConfig:
+    """The eval config of one configuration (validated by the library); ``steps`` overrides the cap."""
     trials = args.num_envs * args.episodes_per_env // len(args.task_ids)
     raw = {
         "cluster": {"num_cpus": args.num_cpus},
@@ -147,7 +165,7 @@ def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Pat
         "env": {"eval": {
             "suite": args.suite, "task_ids": args.task_ids, "trials_per_task": trials,
             "total_num_envs": args.num_envs, "num_workers": args.num_workers,
-            "max_episode_steps": args.steps, "num_settle_steps": args.settle_steps,
+            "max_episode_steps": steps or args.steps, "num_settle_steps": args.settle_steps,
             "stop_on_success": False, "save_video": False,
         }},
         "rollout": {
@@ -174,15 +192,38 @@ class SimOnly:
     chunk_steps_per_worker: list[int]
     first_obs: list[dict[str, Any]]
     """Each worker's first observation batch (all its envs), replayed by the inference-only runs."""
+    steady_time_s: float = 0.0
+    steady_env_steps: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.env_steps / self.wall_time_s
+
+    @property
+    def steady_rate(self) -> float:
+        return self.steady_env_steps / self.steady_time_s if self.steady_time_s > 0 else 0.0
 
 
-async def _sim_only_loop(actor: Any) -> tuple[int, int, dict[str, Any]]:
+@dataclass
+class _LoopStats:
+    """One driver loop's counts: env steps, chunk steps, when its first observation ended
+    (``time.perf_counter``) and the settle steps that observation ran."""
+
+    steps: int
+    chunks: int
+    first_obs_end: float
+    first_settle_steps: int
+    first_obs: dict[str, Any]
+
+
+async def _sim_only_loop(actor: Any, settle_steps: int) -> _LoopStats:
     out: StageOutput = await actor.observe.remote(0)
+    first_end = time.perf_counter()
     first, steps, chunks = out.obs, 0, 0
     while True:
         steps += sum(r.steps for r in out.results)
         if out.done or out.num_envs == 0:
-            return steps, chunks, first
+            return _LoopStats(steps, chunks, first_end, len(first[SLOT_IDS]) * settle_steps, first)
         actions = np.broadcast_to(NOOP_ACTION, (out.num_envs, ACTION_HORIZON, 7)).copy()
         chunks += 1
         out = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
@@ -194,20 +235,27 @@ def run_sim_only(cfg: EvalConfig, cluster: Cluster) -> SimOnly:
         envs.call("setup")
         try:
             t0 = time.perf_counter()
-            loops = asyncio.run(_gather(*(_sim_only_loop(a) for a in envs.actors)))
-            wall = time.perf_counter() - t0
+            settle = cfg.env.eval.num_settle_steps
+            loops = asyncio.run(_gather(*(_sim_only_loop(a, settle) for a in envs.actors)))
+            end = time.perf_counter()
         finally:
             envs.call("close")
-    return SimOnly(wall, sum(s for s, _, _ in loops), [c for _, c, _ in loops], [o for _, _, o in loops])
+    steps = sum(lp.steps for lp in loops)
+    return SimOnly(end - t0, steps, [lp.chunks for lp in loops], [lp.first_obs for lp in loops],
+                   steady_time_s=end - min(lp.first_obs_end for lp in loops),
+                   steady_env_steps=steps - sum(lp.first_settle_steps for lp in loops))
 
 
 async def _gather(*coros: Any) -> list[Any]:
     return list(await asyncio.gather(*coros))
 
 
-async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend: RolloutBackend) -> tuple[int, int]:
-    """Worker after worker, env after env: one single-observation request at a time, then the step."""
+async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter,
+                       backend: RolloutBackend) -> tuple[int, int, float, int]:
+    """Worker after worker, env after env: one single-observation request at a time, then the step.
+    Returns env steps, chunk steps, when the observations ended (perf_counter) and their env count."""
     outs = [await a.observe.remote(0) for a in actors]
+    first_end, first_envs = time.perf_counter(), sum(o.num_envs for o in outs)
     steps = chunk_steps = 0
     while True:
         for i, actor in enumerate(actors):
@@ -225,7 +273,7 @@ async def _serial_loop(actors: list[Any], adapter: Cosmos3ActionAdapter, backend
             outs[i] = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
             chunk_steps += 1
         if all(o.done and not o.results for o in outs):
-            return steps, chunk_steps
+            return steps, chunk_steps, first_end, first_envs
 
 
 def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Row:
@@ -235,11 +283,12 @@ def run_serial(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend) -> Ro
         envs.call("setup")
         try:
             t0 = time.perf_counter()
-            steps, chunk_steps = asyncio.run(_serial_loop(envs.actors, adapter, backend))
-            wall = time.perf_counter() - t0
+            steps, chunk_steps, first_end, first_envs = asyncio.run(_serial_loop(envs.actors, adapter, backend))
+            end = time.perf_counter()
         finally:
             envs.call("close")
-    return Row("serial (1 obs/request, no overlap)", "serial", 1, 1, 1, wall, steps, chunk_steps)
+    return Row("serial (1 obs/request, no overlap)", "serial", 1, 1, 1, end - t0, steps, chunk_steps,
+               steady_time_s=end - first_end, steady_env_steps=steps - first_envs * cfg.env.eval.num_settle_steps)
 
 
 def _stage_rows(obs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
@@ -301,24 +350,40 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def _bound(rate: float, steps: int, sim_rate: float, inference_only_s: float | None) -> dict[str, float | None]:
+    """Inference-only rate, bound ``min(sim-only, inference-only)`` and the fraction of it reached."""
+    inf_rate = steps / inference_only_s if inference_only_s else None
+    bound = min(sim_rate, inf_rate) if inf_rate else None
+    return {"inference_only": inf_rate, "bound": bound, "fraction": rate / bound if bound else None}
+
+
 def table(rows: list[Row], sim: SimOnly, baseline: Row) -> tuple[str, list[dict[str, Any]]]:
-    """The printed table and the per-row derived figures."""
-    sim_rate = sim.env_steps / sim.wall_time_s
+    """The printed table (whole-wall columns, then steady ones) and the per-row derived figures."""
     head = (f"{'configuration':<36} {'steps/s':>8} {'x serial':>8} {'inf-only/s':>10} {'bound/s':>8} "
-            f"{'of bound':>8} {'wall s':>7} {'requests':>8}")
+            f"{'of bound':>8} {'wall s':>7} | {'steady/s':>8} {'x serial':>8} {'bound/s':>8} {'of bound':>8} "
+            f"{'steady s':>8} {'requests':>8}")
     lines, derived = [head, "-" * len(head)], []
     for row in rows:
-        inf_rate = row.env_steps / row.inference_only_s if row.inference_only_s else None
-        bound = min(sim_rate, inf_rate) if inf_rate else None
+        whole = _bound(row.rate, row.env_steps, sim.rate, row.inference_only_s)
+        steady = _bound(row.steady_rate, row.steady_env_steps, sim.steady_rate, row.inference_only_s)
         d = {"env_steps_per_s": row.rate, "ratio_to_serial": row.rate / baseline.rate,
-             "inference_only_env_steps_per_s": inf_rate, "bound_env_steps_per_s": bound,
-             "fraction_of_bound": row.rate / bound if bound else None}
+             "inference_only_env_steps_per_s": whole["inference_only"], "bound_env_steps_per_s": whole["bound"],
+             "fraction_of_bound": whole["fraction"],
+             "steady_env_steps_per_s": row.steady_rate,
+             "steady_ratio_to_serial": row.steady_rate / baseline.steady_rate if baseline.steady_rate else None,
+             "steady_inference_only_env_steps_per_s": steady["inference_only"],
+             "steady_bound_env_steps_per_s": steady["bound"], "steady_fraction_of_bound": steady["fraction"]}
         derived.append(d)
         lines.append(f"{row.name:<36} {row.rate:>8.2f} {d['ratio_to_serial']:>8.2f} "
-                     f"{(inf_rate or 0):>10.2f} {(bound or 0):>8.2f} {(d['fraction_of_bound'] or 0):>8.2f} "
-                     f"{row.wall_time_s:>7.1f} {row.inference_only_requests:>8d}")
-    lines.append(f"{'sim-only (no-op chunks, no inference)':<36} {sim_rate:>8.2f} "
-                 f"{sim_rate / baseline.rate:>8.2f} {'':>10} {'':>8} {'':>8} {sim.wall_time_s:>7.1f}")
+                     f"{(whole['inference_only'] or 0):>10.2f} {(whole['bound'] or 0):>8.2f} "
+                     f"{(whole['fraction'] or 0):>8.2f} {row.wall_time_s:>7.1f} | {row.steady_rate:>8.2f} "
+                     f"{(d['steady_ratio_to_serial'] or 0):>8.2f} {(steady['bound'] or 0):>8.2f} "
+                     f"{(steady['fraction'] or 0):>8.2f} {row.steady_time_s:>8.1f} {row.inference_only_requests:>8d}")
+    lines.append(f"{'sim-only (no-op chunks, no inference)':<36} {sim.rate:>8.2f} "
+                 f"{sim.rate / baseline.rate:>8.2f} {'':>10} {'':>8} {'':>8} {sim.wall_time_s:>7.1f} | "
+                 f"{sim.steady_rate:>8.2f} "
+                 f"{(sim.steady_rate / baseline.steady_rate if baseline.steady_rate else 0):>8.2f} "
+                 f"{'':>8} {'':>8} {sim.steady_time_s:>8.1f}")
     return "\n".join(lines), derived
 
 
@@ -359,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     rows: list[Row] = []
     with Cluster(ClusterConfig(num_cpus=args.num_cpus)) as cluster:
+        if args.warmup:
+            logger.info("== warm-up (untimed)")
+            warm_cap = min(args.steps, args.settle_steps + ACTION_HORIZON)
+            run_sim_only(eval_config(args, 1, max_batch, work / "runs", steps=warm_cap), cluster)
         logger.info("== sim-only")
         sim = run_sim_only(base_cfg, cluster)
         logger.info("sim-only: %d env steps in %.1f s", sim.env_steps, sim.wall_time_s)
@@ -382,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 summary = run_pipelined(eval_config(args, s, eff, work / "runs"), cluster, backend, run_dir)
                 row = Row(name, "pipelined", s, b, eff, summary.wall_time_s, summary.env_steps,
-                          summary.chunk_requests)
+                          summary.chunk_requests, steady_time_s=summary.steady_time_s,
+                          steady_env_steps=summary.steady_env_steps)
                 row.inference_only_s, row.inference_only_requests = inf[(s, eff)]
                 rows.append(row)
 
@@ -404,8 +474,9 @@ def main(argv: list[str] | None = None) -> int:
         "total_wall_s": time.time() - started,
         "env_steps_per_run": expected,
         "sim_only": {"wall_time_s": sim.wall_time_s, "env_steps": sim.env_steps,
-                     "env_steps_per_s": sim.env_steps / sim.wall_time_s,
-                     "chunk_steps_per_worker": sim.chunk_steps_per_worker},
+                     "env_steps_per_s": sim.rate, "chunk_steps_per_worker": sim.chunk_steps_per_worker,
+                     "steady_time_s": sim.steady_time_s, "steady_env_steps": sim.steady_env_steps,
+                     "steady_env_steps_per_s": sim.steady_rate},
         "rows": [{**asdict(r), **d} for r, d in zip(rows, derived, strict=True)],
         "table": text,
     }

@@ -26,8 +26,10 @@ from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess
 from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
+from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
+from rlinf_cosmos3.workers.env.slot import EnvSlot
 from rlinf_cosmos3.workers.env.stage import (
     MAIN_IMAGES,
     SLOT_IDS,
@@ -36,6 +38,7 @@ from rlinf_cosmos3.workers.env.stage import (
     TASK_IDS,
     TRIAL_IDS,
     WRIST_IMAGES,
+    EnvStage,
     StageOutput,
 )
 from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
@@ -392,6 +395,46 @@ def test_retries_exhausted_error_then_exception_then_actor_death(cluster: Cluste
         assert len(pgids) == 1
         group.shutdown()
         assert not _wait_all_gone(pgids), "simulator outlived its killed env worker actor"
+
+
+def test_slots_idling_in_one_chunk_step_close_their_simulators_concurrently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage (no Ray) of 2 slots with one episode each, cap 26 (10 settle + one chunk of 16): both
+    episodes end in the same chunk step. Both ``close`` requests are sent before the first close reply
+    is awaited (one close round trip per call, not one per slot), and when the call returns both
+    simulators are gone."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
+                        max_episode_steps=26).validate(1)
+    events: list[tuple[str, str, int]] = []
+    send, recv = LiberoSimProcess.send, LiberoSimProcess.recv
+
+    def recording_send(self: LiberoSimProcess, cmd: str, *args: object, **kwargs: object) -> None:
+        events.append(("send", cmd, self.process_id))
+        send(self, cmd, *args, **kwargs)
+
+    def recording_recv(self: LiberoSimProcess, *args: object, **kwargs: object) -> dict:
+        events.append(("recv", str(self._pending), self.process_id))
+        return recv(self, *args, **kwargs)
+
+    monkeypatch.setattr(LiberoSimProcess, "send", recording_send)
+    monkeypatch.setattr(LiberoSimProcess, "recv", recording_recv)
+    stage = EnvStage(0, [EnvSlot(i, [Episode(0, i)], cfg) for i in range(2)], cfg.image_size)
+    try:
+        stage.start_processes()
+        pgids = {slot.process_id for slot in stage.slots}
+        assert None not in pgids and len(pgids) == 2
+        stage.run()
+        assert [s.slot_id for s in stage.ready_slots()] == [0, 1]
+        stage.step(_noop_chunk(2))
+        out = stage.output()
+        assert sorted((r.trial_id, r.steps, r.error) for r in out.results) == [(0, 26, None), (1, 26, None)]
+        assert out.done and all(s.idle and s.proc is None and s.closing is None for s in stage.slots)
+    finally:
+        stage.kill()
+    close_sends = [i for i, (what, cmd, _) in enumerate(events) if what == "send" and cmd == "close"]
+    close_recvs = [i for i, (what, cmd, _) in enumerate(events) if what == "recv" and cmd == "close"]
+    assert len(close_sends) == len(close_recvs) == 2, events
+    assert max(close_sends) < min(close_recvs), f"closes were serialized: {events}"
+    assert not _wait_all_gone(pgids), "simulator processes left after the last chunk step"
 
 
 def test_worker_count_must_match_the_group(cluster: Cluster) -> None:

@@ -53,6 +53,12 @@ class EvalSummary:
     env_steps: int
     env_steps_per_s: float
     chunk_requests: int
+    steady_time_s: float = 0.0
+    """``wall_time_s`` from the end of the first observation (the first request) on: no env
+    build, reset or first settle, which dominate short runs."""
+    steady_env_steps: int = 0
+    """``env_steps`` less the settle steps run inside the first observation."""
+    steady_env_steps_per_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,8 +69,10 @@ class EvalSummary:
         return out
 
 
-def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int) -> EvalSummary:
-    """Success rates overall and per task (episodes with an error count as failures)."""
+def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int,
+              steady_time_s: float = 0.0, first_settle_steps: int = 0) -> EvalSummary:
+    """Success rates overall and per task (episodes with an error count as failures);
+    ``first_settle_steps``: settle steps run inside the first observation (left out of the steady rate)."""
     env = cfg.env.eval
     n = len(results)
     per_task: dict[int, list[EpisodeResult]] = defaultdict(list)
@@ -86,6 +94,9 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
         env_steps=steps,
         env_steps_per_s=steps / wall_time_s if wall_time_s > 0 else 0.0,
         chunk_requests=chunk_requests,
+        steady_time_s=steady_time_s,
+        steady_env_steps=steps - first_settle_steps,
+        steady_env_steps_per_s=(steps - first_settle_steps) / steady_time_s if steady_time_s > 0 else 0.0,
     )
 
 
@@ -101,6 +112,8 @@ class PipelinedEvalRunner:
         self.run_dir = Path(run_dir)
         self.results: list[EpisodeResult] = []
         self.chunk_requests = 0
+        self._first_obs_end: float | None = None  # perf_counter when the first stage got its observation
+        self._first_settle_steps = 0
         self._bar: tqdm | None = None
         self._writer: ScalarWriter | None = None
         self._results_file = None
@@ -112,17 +125,19 @@ class PipelinedEvalRunner:
         are up and closes it at the end (also on errors). With ``backend`` -- already started, e.g.
         one server shared by several runs, which saves its start-up (minutes) each time -- it is
         used as is and left running: whoever started it closes it. ``wall_time_s`` covers the
-        first observation to the last chunk step (no simulator or backend start-up).
+        first observation to the last chunk step (no simulator or backend start-up);
+        ``steady_time_s`` starts at the end of the earliest stage's first observation instead.
         """
         cfg, env = self.cfg, self.cfg.env.eval
         self.results, self.chunk_requests = [], 0
+        self._first_obs_end, self._first_settle_steps = None, 0
         owned = backend is None
         if backend is None:
             backend = make_backend(cfg.rollout.rollout_backend, cfg.rollout.model, sglang_cfg=cfg.rollout.sglang,
                                    embedded_cfg=cfg.rollout.embedded, log_dir=self.run_dir / "servers",
                                    cluster=cluster)
         adapter = Cosmos3ActionAdapter(cfg.rollout.model, cfg.rollout.batching_max_size)
-        wall = 0.0
+        wall = steady = 0.0
         with start_env_workers(cluster, env, cfg.rollout.pipeline_stage_num) as envs:
             infos = envs.call("setup")
             logger.info("env workers ready: %s", ", ".join(
@@ -134,11 +149,13 @@ class PipelinedEvalRunner:
                 try:
                     t0 = time.perf_counter()
                     asyncio.run(self._drive(envs, adapter, backend))
-                    wall = time.perf_counter() - t0
+                    end = time.perf_counter()
+                    wall = end - t0
+                    steady = end - self._first_obs_end if self._first_obs_end is not None else 0.0
                 finally:
                     self._close_outputs()
                     envs.call("close")
-        summary = summarize(self.results, cfg, wall, self.chunk_requests)
+        summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps)
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
         return summary
 
@@ -151,6 +168,9 @@ class PipelinedEvalRunner:
     async def _stage_loop(self, actor: Any, rank: int, stage: int, adapter: Cosmos3ActionAdapter,
                           backend: RolloutBackend) -> None:
         out = await actor.observe.remote(stage)
+        if self._first_obs_end is None:
+            self._first_obs_end = time.perf_counter()
+        self._first_settle_steps += out.num_envs * self.cfg.env.eval.num_settle_steps
         while True:
             self._record(out.results)
             if out.done or out.num_envs == 0:

@@ -8,9 +8,11 @@ Episode life: ``START`` (``make`` the task if this process has not built it, the
 init state) -> ``SETTLE`` (``num_settle_steps`` no-ops) -> ``READY`` (observation out, waiting for an
 action chunk) -> ``STEP`` (the chunk, cut at the cap) -> ``READY`` ... until the cap or, with
 ``stop_on_success``, the first success; then the next assigned episode starts, or the slot goes
-``IDLE`` and its process is closed. A process that dies, hangs or fails a command is replaced and
-the episode re-run from its start; after ``max_episode_retries`` re-runs it is reported with
-``error``. A result is produced exactly once per assigned episode.
+``IDLE`` and its process is asked to exit (:meth:`EnvSlot.begin_close`; the stage collects the
+replies at the end of the call, so slots that idle in the same chunk step close concurrently). A
+process that dies, hangs or fails a command is replaced and the episode re-run from its start;
+after ``max_episode_retries`` re-runs it is reported with ``error``. A result is produced exactly
+once per assigned episode.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class EnvSlot:
         self.num_makes = 0
         self.num_process_starts = 0
         self.proc: LiberoSimProcess | None = None
+        self.closing: LiberoSimProcess | None = None  # sent "close", reply not collected yet
         self.phase = Phase.IDLE
         self.episode: Episode | None = None
         self.attempts = 0
@@ -113,17 +116,51 @@ class EnvSlot:
 
     def close(self) -> None:
         """Stop the process politely (SIGTERM/SIGKILL behind it); drop an unfinished video."""
+        self.begin_close()
+        self.finish_close()
+
+    def begin_close(self) -> None:
+        """Send the polite ``close`` without waiting for it; :meth:`finish_close` reaps the process.
+
+        Split in two so a stage whose slots go idle in one chunk step closes their simulators
+        concurrently (send all, then collect all) instead of one close round trip after another.
+        """
         self._discard_video()
-        if self.proc is not None:
-            proc, self.proc = self.proc, None
-            proc.close()
+        self.finish_close()  # at most one close in flight per slot
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        if self._in_flight is not None or not proc.alive:  # out of step or dead: no polite request
+            proc.kill()
+            return
+        try:
+            proc.send("close")
+        except SIM_FAILURES as exc:  # the client killed it already; kill() below only reaps
+            logger.warning("slot %d: polite close failed: %s", self.slot_id, str(exc).splitlines()[0])
+            proc.kill()
+            return
+        self.closing = proc
+
+    def finish_close(self, timeout_s: float = 10.0) -> None:
+        """Collect the reply to :meth:`begin_close` (the child exits on its own after it), then make
+        sure its process group is gone (SIGTERM/SIGKILL). No-op without a close in flight."""
+        if self.closing is None:
+            return
+        proc, self.closing = self.closing, None
+        try:
+            proc.recv(timeout_s=timeout_s)
+        except SIM_FAILURES as exc:
+            logger.warning("slot %d: polite close failed: %s", self.slot_id, str(exc).splitlines()[0])
+        finally:
+            proc.kill()
 
     def kill(self) -> None:
         """Stop the process at once (an aborting worker does not wait for polite replies)."""
         self._discard_video()
-        if self.proc is not None:
-            proc, self.proc = self.proc, None
-            proc.kill(grace_s=2.0)
+        for proc in (self.proc, self.closing):
+            if proc is not None:
+                proc.kill(grace_s=2.0)
+        self.proc = self.closing = None
 
     # ------------------------------------------------------------------ requests
     def send_request(self) -> None:
@@ -250,7 +287,9 @@ class EnvSlot:
             return
         self.episode = None
         self.phase = Phase.IDLE
-        self.close()  # frees the process's memory and core for the slots still running
+        # Frees the process's memory and core for the slots still running; the stage collects the
+        # reply at the end of its call, together with the other slots that went idle meanwhile.
+        self.begin_close()
 
     def _finish(self, error: str | None) -> EpisodeResult:
         assert self.episode is not None

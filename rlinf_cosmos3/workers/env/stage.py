@@ -82,10 +82,13 @@ class EnvStage:
                 self._collect(slot.on_failure(exc))
 
     def run(self) -> None:
-        """Rounds of send-to-all / collect-from-all until every slot is READY or IDLE."""
+        """Rounds of send-to-all / collect-from-all until every slot is READY or IDLE, then reap the
+        simulators of slots that went idle (their ``close`` requests were sent as they idled, so
+        they exit concurrently and the call waits about one close, not one per slot)."""
         while True:
             busy = [slot for slot in self.slots if slot.wants_request]
             if not busy:
+                self.finish_closes()
                 return
             sent = []
             for slot in busy:
@@ -152,9 +155,16 @@ class EnvStage:
         }
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
+    def finish_closes(self) -> None:
+        """Reap every slot's simulator whose ``close`` request is in flight."""
         for slot in self.slots:
-            slot.close()
+            slot.finish_close()
+
+    def close(self) -> None:
+        """Close every slot's simulator, concurrently: all ``close`` requests first, then the replies."""
+        for slot in self.slots:
+            slot.begin_close()
+        self.finish_closes()
 
     def kill(self) -> None:
         for slot in self.slots:
