@@ -123,7 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batching_max_size values (default: 1 and E/W); per S only distinct "
                         "effective sizes min(B, E/(W*S)) are run")
     p.add_argument("--model-path", type=Path, default=None,
-                   help="diffusers Cosmos3 directory (default: write a random tiny model to the work dir)")
+                   help="diffusers Cosmos3 directory (default: write a random --preset model to the work dir)")
+    p.add_argument("--preset", choices=("tiny", "nano"), default="tiny",
+                   help="random model written when no --model-path is given (nano: Cosmos3-Nano's architecture, "
+                        "weights generated on the GPU, ~33 GB on disk)")
     p.add_argument("--stats-path", type=Path, default=None,
                    help="action stats JSON (default: synthetic stats in the work dir; a random model's "
                         "actions are meaningless anyway)")
@@ -409,9 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="eval_throughput_"))
     work.mkdir(parents=True, exist_ok=True)
     if args.model_path is None:
-        from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+        from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir, write_random_weights
 
-        args.model_path = write_model_dir(work / "model", preset="tiny", seed=0, overwrite=True)
+        args.model_path = write_model_dir(work / f"model_{args.preset}", preset=args.preset, seed=0, overwrite=True)
+        if args.preset == "nano":  # configs only: the ~31 GB of random bf16 weights are made on the GPU
+            write_random_weights(args.model_path, device="cuda")
     if args.stats_path is None:
         args.stats_path = synthetic_stats(work / "stats.json")
     configs = configurations(args)
