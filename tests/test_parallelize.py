@@ -258,25 +258,22 @@ def test_bf16_mixed_precision_with_activation_checkpointing(
 
 
 def test_compiled_blocks_train_like_eager(model_dir: Path, encoded: tuple[list[EncodedSample], Path]) -> None:
-    """``compile_blocks`` wraps every decoder block in ``torch.compile`` (kept by the SFT worker: 1.6x
-    faster steps on an H200) without changing the maths: same loss and gradients as eager, and the
-    recipe's parameter names still match after ``clean_param_name`` strips ``_orig_mod.``."""
-    from rlinf_cosmos3.workers.actor.optim import clean_param_name
-
+    """``compile_blocks`` compiles every decoder block's forward (1.6x faster steps on an H200)
+    without changing the maths or the names: same loss and gradients as eager, and the same state
+    dict keys, so weight loading, checkpoints and export need nothing special."""
     samples, _ = encoded
     eager = Cosmos3Policy.from_pretrained(model_dir)
     compiled = Cosmos3Policy.from_pretrained(model_dir)
     parallelize(compiled, None, ParallelizeConfig(compile_blocks=True))
-    assert all(type(layer).__name__ == "OptimizedModule" for layer in compiled.transformer.layers)
-    names = {clean_param_name(n) for n, _ in compiled.transformer.named_parameters()}
-    assert names == {n for n, _ in eager.transformer.named_parameters()}
+    assert all("forward" in vars(layer) for layer in compiled.transformer.layers)  # compiled in place
+    assert compiled.transformer.state_dict().keys() == eager.transformer.state_dict().keys()
 
     losses, grads = [], []
     for policy in (eager, compiled):
         loss, _ = policy.loss_from_encoded(samples[:1], [_gen(0, 0)])
         loss.backward()
         losses.append(loss.detach())
-        grads.append({clean_param_name(n): p.grad for n, p in policy.transformer.named_parameters() if p.grad is not None})
+        grads.append({n: p.grad for n, p in policy.transformer.named_parameters() if p.grad is not None})
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     assert grads[1].keys() == grads[0].keys() and grads[0]
     for name, grad in grads[0].items():

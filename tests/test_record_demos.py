@@ -196,10 +196,11 @@ def _children_of(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
     """SIGINT after the first saved episode: exit code 130, no simulator left, and the episodes
-    saved so far form a readable dataset."""
+    saved so far form a readable dataset. 20 episodes are asked for (~5 s each), so the recording
+    is still running when the signal lands (with 3, a fast machine finished before it)."""
     out = tmp_path / "ds"
     cli = subprocess.Popen(
-        [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "3",
+        [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "20",
          "--max-steps", "8", "--keep-failed", "--out", str(out), "--repo-id", "local/interrupted", "--no-progress"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -221,7 +222,7 @@ def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
     for pid in sims:
         assert not Path(f"/proc/{pid}").exists(), f"simulator {pid} outlived the interrupted recorder"
     ds = LeRobotDataset("local/interrupted", root=out, video_backend="pyav")
-    assert 1 <= ds.num_episodes < 3
+    assert 1 <= ds.num_episodes < 20
     assert ds[0][MAIN_IMAGE_KEY].shape == (3, 256, 256)
 
 
