@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         num_envs=args.num_envs,
         policy=PolicyConfig(noise_std=args.action_noise),
     )
+    # Ctrl-C / SIGINT stops the recording and keeps what was saved, also when this was started as a
+    # background job (shells start those with SIGINT ignored, and Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         results = record_demos(cfg, show_progress=not args.no_progress)
     except KeyboardInterrupt:
