@@ -145,19 +145,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def synthetic_stats(path: Path, fps: int = 20) -> Path:
-    """A valid stats file from random small LIBERO-like deltas (only for a random model)."""
-    from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
-
-    rng = np.random.default_rng(0)
-    episodes = []
-    for _ in range(4):
-        ep = np.clip(rng.normal(0.0, 0.3, size=(64, 7)), -1.0, 1.0)
-        ep[:, 6] = rng.integers(0, 2, size=64)  # stored gripper g in {0, 1}
-        episodes.append(ep)
-    return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), path)
-
-
 def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Path,
                 steps: int | None = None) -> EvalConfig:
     """The eval config of one configuration (validated by the library); ``steps`` overrides the cap."""
@@ -418,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.preset == "nano":  # configs only: the ~31 GB of random bf16 weights are made on the GPU
             write_random_weights(args.model_path, device="cuda")
     if args.stats_path is None:
-        args.stats_path = synthetic_stats(work / "stats.json")
+        from rlinf_cosmos3.models.cosmos3.tiny import write_synthetic_action_stats
+
+        args.stats_path = write_synthetic_action_stats(work / "stats.json")
     configs = configurations(args)
     max_batch = max(b for _, b, _ in configs)
     base_cfg = eval_config(args, 1, max_batch, work / "runs")  # validates the layout up front

@@ -92,7 +92,6 @@ import numpy as np
 import psutil
 import torch
 
-from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.models.cosmos3.tiny import (
     count_parameters,
     get_preset,
@@ -100,6 +99,7 @@ from rlinf_cosmos3.models.cosmos3.tiny import (
     random_vae,
     write_model_dir,
     write_random_weights,
+    write_synthetic_action_stats,
 )
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
@@ -308,17 +308,6 @@ def prepare_model(args: argparse.Namespace, work_dir: Path) -> tuple[Path, dict[
     info["write_s"] = round(time.monotonic() - start, 1)
     logger.info("model written in %.1f s: %s", info["write_s"], target)
     return target, info
-
-
-def synthetic_stats(path: Path, fps: int = 20) -> Path:
-    """A valid stats file from random LIBERO-like deltas (only meaningful for a random model)."""
-    rng = np.random.default_rng(0)
-    episodes = []
-    for _ in range(4):
-        ep = np.clip(rng.normal(0.0, 0.3, size=(64, 7)), -1.0, 1.0)
-        ep[:, 6] = rng.integers(0, 2, size=64)  # stored gripper g in {0, 1}
-        episodes.append(ep)
-    return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), path)
 
 
 def release_gpu() -> None:
@@ -1053,7 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("bf16 matmul %d^3: %.1f TFLOP/s", args.matmul_size, data["matmul"]["tflops"])
     report.save()
 
-    stats = args.stats_path or synthetic_stats(work_dir / "stats.json")
+    stats = args.stats_path or write_synthetic_action_stats(work_dir / "stats.json")
     model_cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
                                    action_normalization="quantile_rot", num_inference_steps=args.inference_steps,
                                    seed=args.seed).validate()

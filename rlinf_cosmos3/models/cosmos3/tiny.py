@@ -373,3 +373,19 @@ def write_random_weights(
     del transformer
     vae = random_vae(_read_config(model_dir, "vae"), device=device, dtype=torch.float32, seed=seed)
     vae.save_pretrained(model_dir / "vae", max_shard_size=max_shard_size)
+
+
+def write_synthetic_action_stats(path: str | Path, fps: int = 20) -> Path:
+    """A valid action stats file from random LIBERO-like 7-D deltas, for serving a random model
+    (whose actions mean nothing anyway) through the real adapter, which requires stats."""
+    import numpy as np
+
+    from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
+
+    rng = np.random.default_rng(0)
+    episodes = []
+    for _ in range(4):
+        ep = np.clip(rng.normal(0.0, 0.3, size=(64, 7)), -1.0, 1.0)
+        ep[:, 6] = rng.integers(0, 2, size=64)  # stored gripper g in {0, 1}
+        episodes.append(ep)
+    return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), Path(path))
