@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from rlinf_cosmos3 import paths
 from rlinf_cosmos3.actions import quat_xyzw_to_axis_angle
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess, SimCommandError, SimProcessError, call_all
@@ -275,6 +276,48 @@ def test_chunk_step_reports_every_executed_step(spatial_env) -> None:
     assert out["state"][2] - before[2] > 0.03, "commanded +z motion did not move the end effector up"
     with pytest.raises(SimCommandError, match="shape"):
         proc.chunk_step(np.zeros((3, 6)))
+
+
+def test_chunk_step_renders_only_its_last_step_and_matches_rendering_every_step() -> None:
+    """Without frames a chunk renders its cameras once, at its last step, and every output --
+    images included -- is bit-identical to rendering every step (two simulators, same seed: a
+    LIBERO reset moves the cameras slightly, so both must start from the same make)."""
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-0.5, 0.5, (16, 7))
+    actions[:, 6] = np.sign(actions[:, 6])
+    outs = []
+    for frames in (True, False):
+        with LiberoSimProcess(name=f"render-{frames}") as proc:
+            proc.make("libero_spatial", 0, seed=0)
+            proc.reset(3)
+            proc.chunk_step(np.tile(NOOP, (10, 1)))
+            outs.append([proc.chunk_step(actions[:7], return_frames=frames),
+                         proc.chunk_step(actions[7:], return_frames=frames)])
+    for every_step, last_only in zip(*outs, strict=True):
+        for key in ("main_image", "wrist_image", "state", "rewards", "successes", "dones"):
+            np.testing.assert_array_equal(every_step[key], last_only[key], err_msg=key)
+        np.testing.assert_array_equal(every_step["main_images"][-1], last_only["main_image"])
+    assert outs[1][1]["main_image"].std() > 10, "the rendered view looks blank"
+
+    # how many times robosuite's renderer runs, counted inside the simulator's own interpreter
+    script = textwrap.dedent("""
+        import numpy as np
+        from rlinf_cosmos3.sim.libero_session import LiberoSession
+        s = LiberoSession(); s.make("libero_spatial", 0); s.reset(0)
+        sim = s._env.env.sim
+        render, calls = sim.render, []
+        sim.render = lambda *a, **k: calls.append(1) or render(*a, **k)
+        noop = np.tile([0, 0, 0, 0, 0, 0, -1.0], (8, 1))
+        s.chunk_step(noop); plain = len(calls)
+        s.chunk_step(noop, return_frames=True); print(plain, len(calls) - plain)
+        s.chunk_step(noop, stop_on_success=True)
+    """)
+    from rlinf_cosmos3.sim.client import simulator_env
+
+    run = subprocess.run([str(paths.libero_python()), "-c", script], env=simulator_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["2", "16"], run.stdout  # 2 cameras x 1 step vs x 8 steps
 
 
 @pytest.mark.slow
