@@ -89,6 +89,9 @@ class Row:
     """From the end of the first observation (the first request) to the last chunk step."""
     steady_env_steps: int = 0
     """``env_steps`` less the settle steps run inside the first observation."""
+    inference_wait_s: float = 0.0
+    """Pipelined rows: the runner's wait for actions / for chunk steps, summed over stage loops."""
+    sim_wait_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -110,6 +113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=42,
                    help="episode step cap, settle steps included (42 = 10 settle + 2 chunks of 16)")
     p.add_argument("--settle-steps", type=int, default=10)
+    p.add_argument("--no-serial-replay", dest="serial_replay", action="store_false",
+                   help="skip the serial row's inference-only replay (one request per env and chunk: the "
+                        "longest replay; only the serial row's own bound needs it)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed warm-up pass (settle + one chunk per env) before the timed rows")
     p.add_argument("--episodes-per-env", type=int, default=1)
@@ -415,6 +421,16 @@ def main(argv: list[str] | None = None) -> int:
         eval_config(args, s, b, work / "runs")
     logger.info("work dir %s; configurations (S, B): %s", work, [(s, b) for s, b, _ in configs])
 
+    stamp = dt.datetime.now().strftime("%Y%m%d")
+    out = args.out or RESULTS_DIR / f"eval_throughput_{socket.gethostname()}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.stem + ".partial.json")
+
+    def save_partial() -> None:
+        """Rows measured so far, so a run cut short (a device time limit) still leaves its numbers."""
+        sim_fields = {k: getattr(sim, k) for k in ("wall_time_s", "env_steps", "steady_time_s", "steady_env_steps")}
+        partial.write_text(json.dumps({"sim_only": sim_fields, "rows": [asdict(r) for r in rows]}, indent=2))
+
     started = time.time()
     rows: list[Row] = []
     with Cluster(ClusterConfig(num_cpus=args.num_cpus)) as cluster:
@@ -425,18 +441,21 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("== sim-only")
         sim = run_sim_only(base_cfg, cluster)
         logger.info("sim-only: %d env steps in %.1f s", sim.env_steps, sim.wall_time_s)
+        save_partial()
 
         backend = make_backend(args.backend, base_cfg.rollout.model, sglang_cfg=base_cfg.rollout.sglang,
                                embedded_cfg=base_cfg.rollout.embedded, log_dir=work / "servers", cluster=cluster)
         with backend:
             logger.info("== inference-only")
-            serial_inf = asyncio.run(_inference_only(sim, 1, 1, True, base_cfg.rollout.model, backend))
+            serial_inf = (asyncio.run(_inference_only(sim, 1, 1, True, base_cfg.rollout.model, backend))
+                          if args.serial_replay else (None, 0))
             inf = {(s, eff): asyncio.run(_inference_only(sim, s, eff, False, base_cfg.rollout.model, backend))
                    for s, _, eff in configs}
             logger.info("== serial baseline")
             baseline = run_serial(base_cfg, cluster, backend)
             baseline.inference_only_s, baseline.inference_only_requests = serial_inf
             rows.append(baseline)
+            save_partial()
 
             for s, b, eff in configs:
                 name = f"pipelined S={s} B={eff}" + (" (batching alone)" if s == 1 and eff == max_batch else "")
@@ -446,9 +465,15 @@ def main(argv: list[str] | None = None) -> int:
                 summary = run_pipelined(eval_config(args, s, eff, work / "runs"), cluster, backend, run_dir)
                 row = Row(name, "pipelined", s, b, eff, summary.wall_time_s, summary.env_steps,
                           summary.chunk_requests, steady_time_s=summary.steady_time_s,
-                          steady_env_steps=summary.steady_env_steps)
+                          steady_env_steps=summary.steady_env_steps, inference_wait_s=summary.inference_wait_s,
+                          sim_wait_s=summary.sim_wait_s)
+                logger.info("%s: stages waited %.1f s on inference (%.2f s per chunk), %.1f s on simulation "
+                            "(%.2f s per chunk step)", name, summary.inference_wait_s,
+                            summary.inference_wait_s / max(1, summary.chunk_requests), summary.sim_wait_s,
+                            summary.sim_wait_s / max(1, summary.chunk_requests))
                 row.inference_only_s, row.inference_only_requests = inf[(s, eff)]
                 rows.append(row)
+                save_partial()
 
     expected = args.num_envs * args.episodes_per_env * args.steps
     for row in rows:
@@ -457,9 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     text, derived = table(rows, sim, baseline)
     print(text)  # the table is this script's output
 
-    stamp = dt.datetime.now().strftime("%Y%m%d")
-    out = args.out or RESULTS_DIR / f"eval_throughput_{socket.gethostname()}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
@@ -475,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": text,
     }
     out.write_text(json.dumps(report, indent=2))
+    partial.unlink(missing_ok=True)
     logger.info("results: %s", out)
     return 0
 

@@ -89,6 +89,9 @@ def test_a_given_backend_is_used_and_left_running(model_files: dict[str, Path], 
         summary = PipelinedEvalRunner(cfg, tmp_path).run(cluster, backend=backend)
         _check_run(tmp_path, summary.env_steps)
         assert summary.chunk_requests == 2 and summary.wall_time_s > 0
+        # each of the 2 stage loops waited on one request and one chunk step, inside the wall time
+        assert summary.inference_wait_s > 0 and summary.sim_wait_s > 0
+        assert summary.inference_wait_s + summary.sim_wait_s <= 2 * summary.wall_time_s
         assert _embedded_groups().count("CREATED") == 1, "the runner must not close a backend it was given"
         adapter = Cosmos3ActionAdapter(cfg.rollout.model, 2)
         rng = np.random.default_rng(0)

@@ -59,6 +59,11 @@ class EvalSummary:
     steady_env_steps: int = 0
     """``env_steps`` less the settle steps run inside the first observation."""
     steady_env_steps_per_s: float = 0.0
+    inference_wait_s: float = 0.0
+    """Summed over stage loops: time a stage waited for its actions (queueing + serving)."""
+    sim_wait_s: float = 0.0
+    """Summed over stage loops: time a stage waited for its chunk step. With perfect overlap a
+    stage loop's ``inference + sim`` wait fills the wall time and the servers never idle."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,9 +75,11 @@ class EvalSummary:
 
 
 def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int,
-              steady_time_s: float = 0.0, first_settle_steps: int = 0) -> EvalSummary:
+              steady_time_s: float = 0.0, first_settle_steps: int = 0,
+              waits: tuple[float, float] = (0.0, 0.0)) -> EvalSummary:
     """Success rates overall and per task (episodes with an error count as failures);
-    ``first_settle_steps``: settle steps run inside the first observation (left out of the steady rate)."""
+    ``first_settle_steps``: settle steps run inside the first observation (left out of the steady rate);
+    ``waits``: (inference, sim) wait summed over stage loops."""
     env = cfg.env.eval
     n = len(results)
     per_task: dict[int, list[EpisodeResult]] = defaultdict(list)
@@ -97,6 +104,8 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
         steady_time_s=steady_time_s,
         steady_env_steps=steps - first_settle_steps,
         steady_env_steps_per_s=(steps - first_settle_steps) / steady_time_s if steady_time_s > 0 else 0.0,
+        inference_wait_s=waits[0],
+        sim_wait_s=waits[1],
     )
 
 
@@ -112,6 +121,7 @@ class PipelinedEvalRunner:
         self.run_dir = Path(run_dir)
         self.results: list[EpisodeResult] = []
         self.chunk_requests = 0
+        self._waits = [0.0, 0.0]  # inference, sim (summed over stage loops)
         self._first_obs_end: float | None = None  # perf_counter when the first stage got its observation
         self._first_settle_steps = 0
         self._bar: tqdm | None = None
@@ -129,7 +139,7 @@ class PipelinedEvalRunner:
         ``steady_time_s`` starts at the end of the earliest stage's first observation instead.
         """
         cfg, env = self.cfg, self.cfg.env.eval
-        self.results, self.chunk_requests = [], 0
+        self.results, self.chunk_requests, self._waits = [], 0, [0.0, 0.0]
         self._first_obs_end, self._first_settle_steps = None, 0
         owned = backend is None
         if backend is None:
@@ -155,7 +165,8 @@ class PipelinedEvalRunner:
                 finally:
                     self._close_outputs()
                     envs.call("close")
-        summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps)
+        summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps,
+                            (self._waits[0], self._waits[1]))
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
         return summary
 
@@ -177,9 +188,13 @@ class PipelinedEvalRunner:
                 if not out.done:
                     raise RuntimeError(f"env worker {rank} stage {stage} has no active env but is not done")
                 return
+            t0 = time.perf_counter()
             actions = await adapter.predict(out.obs, backend)
+            t1 = time.perf_counter()
             self.chunk_requests += 1
             out = await actor.chunk_step.remote(stage, actions, out.obs[SLOT_IDS])
+            self._waits[0] += t1 - t0
+            self._waits[1] += time.perf_counter() - t1
 
     # ------------------------------------------------------------------ outputs
 
@@ -239,9 +254,11 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     with Cluster(cfg.cluster) as cluster:
         summary = PipelinedEvalRunner(cfg, run_dir.root).run(cluster)
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
-                "(%s, cap %d steps) wall %.1f s, %.2f env-steps/s",
+                "(%s, cap %d steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
+                "%.1f s on simulation",
                 summary.success_once, summary.success_at_end, summary.num_trajectories, summary.num_errors,
-                summary.suite, summary.step_cap, summary.wall_time_s, summary.env_steps_per_s)
+                summary.suite, summary.step_cap, summary.wall_time_s, summary.env_steps_per_s,
+                summary.inference_wait_s, summary.sim_wait_s)
     logger.info("results: %s | summary: %s | TensorBoard: tensorboard --logdir %s%s",
                 run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.tensorboard,
                 f" | videos: {env.video_dir}" if env.save_video else "")
