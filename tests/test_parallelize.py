@@ -259,9 +259,11 @@ def test_bf16_mixed_precision_with_activation_checkpointing(
 
 def test_compiled_blocks_train_like_eager(model_dir: Path, encoded: tuple[list[EncodedSample], Path]) -> None:
     """``compile_blocks`` compiles every decoder block's forward (1.6x faster steps on an H200)
-    without changing the maths or the names: same loss and gradients as eager, and the same state
-    dict keys, so weight loading, checkpoints and export need nothing special."""
+    without changing the maths or the names: same loss and gradients as eager (two samples of
+    different lengths, so the blocks run at two shapes), and the same state dict keys, so weight
+    loading, checkpoints and export need nothing special."""
     samples, _ = encoded
+    assert len(samples[0].input_ids) != len(samples[1].input_ids)
     eager = Cosmos3Policy.from_pretrained(model_dir)
     compiled = Cosmos3Policy.from_pretrained(model_dir)
     parallelize(compiled, None, ParallelizeConfig(compile_blocks=True))
@@ -270,7 +272,7 @@ def test_compiled_blocks_train_like_eager(model_dir: Path, encoded: tuple[list[E
 
     losses, grads = [], []
     for policy in (eager, compiled):
-        loss, _ = policy.loss_from_encoded(samples[:1], [_gen(0, 0)])
+        loss, _ = policy.loss_from_encoded(samples, [_gen(0, 0), _gen(0, 1)])  # two lengths
         loss.backward()
         losses.append(loss.detach())
         grads.append({n: p.grad for n, p in policy.transformer.named_parameters() if p.grad is not None})

@@ -82,6 +82,16 @@ def test_errors_name_the_field(paths, override: str, field: str, text: str) -> N
     assert err.value.field == field
 
 
+def test_compiled_blocks_with_activation_checkpointing_is_rejected(paths) -> None:
+    """The combination fails in the first backward on an H200 (docs/benchmarks.md); each alone is fine."""
+    both = _tiny(paths, "actor.model.compile_blocks=true", "actor.model.activation_checkpointing=true")
+    with pytest.raises(ConfigError, match="activation_checkpointing=false") as err:
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", both))
+    assert err.value.field == "actor.model.compile_blocks"
+    for alone in ("actor.model.compile_blocks=true", "actor.model.activation_checkpointing=true"):
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, alone)))
+
+
 def test_stats_computed_at_other_fps_is_rejected(paths) -> None:
     rng = np.random.default_rng(1)
     episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]

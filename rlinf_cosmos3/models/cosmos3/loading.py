@@ -171,9 +171,11 @@ def load_transformer_weights(
 
     sharded = distributed and any(isinstance(p, DTensor) for p in model.parameters())
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    num_files = torch.tensor(len(files)) if is_source else torch.tensor(0)
-    if distributed:
-        dist.broadcast(num_files, src=0)
+    num_files = len(files) if is_source else 0
+    if distributed:  # an object broadcast: NCCL groups take no CPU tensors
+        box = [num_files]
+        dist.broadcast_object_list(box, src=0)
+        num_files = box[0]
     shards = iter_weight_files(files) if is_source else iter([])
     for _ in range(int(num_files)):
         shard = next(shards) if is_source else {}

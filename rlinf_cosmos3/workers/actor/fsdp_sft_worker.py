@@ -28,7 +28,7 @@ from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler, SamplerPosition
 from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
-from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
+from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize, precision_dtype
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy, PolicyConfig
 from rlinf_cosmos3.workers.actor.ema import PowerEMA
 from rlinf_cosmos3.workers.actor.optim import (
@@ -90,7 +90,10 @@ class FSDPSFTWorker(Worker):
             transformer_on_meta=True,
             vae_dtype=torch.bfloat16 if on_gpu else torch.float32,
         )
-        mesh = init_device_mesh(self.device.type, (self.world_size,)) if self.world_size > 1 else None
+        # FSDP2 is also what applies mixed precision (bf16 compute over fp32 master weights), so one GPU
+        # gets a one-rank mesh too; only a single fp32 process runs unsharded.
+        mixed = precision_dtype(precision) != torch.float32
+        mesh = init_device_mesh(self.device.type, (self.world_size,)) if self.world_size > 1 or mixed else None
         parallelize(
             self.policy,
             mesh,
@@ -195,9 +198,10 @@ class FSDPSFTWorker(Worker):
         self.consumed_samples += self.cfg.actor.global_batch_size
 
         sums /= self.grad_accum_steps
-        if dist.is_initialized():
+        if dist.is_initialized():  # on the rank's device: NCCL groups take no CPU tensors
+            sums = sums.to(self.device)
             dist.all_reduce(sums)
-            sums /= self.world_size
+            sums = sums.cpu() / self.world_size
         return {
             "loss": float(sums[0]),
             "vision_loss": float(sums[1]),
