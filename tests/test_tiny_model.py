@@ -251,3 +251,19 @@ def test_nano_directory_has_configs_not_weights(tmp_path: Path) -> None:
     assert count_parameters(model) == NANO_NUM_PARAMETERS
     assert AutoencoderKLWan.load_config(nano / "vae")["base_dim"] == 160
     assert json.loads((nano / "model_index.json").read_text())["_class_name"] == "Cosmos3OmniPipeline"
+
+
+def test_fewer_layers_keep_the_width(tmp_path: Path) -> None:
+    """``--num-layers`` cuts a preset's depth (a Nano-width model that trains on one GPU), nothing else."""
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "nano8"), "--preset", "nano",
+                    "--num-layers", "8"], check=True, timeout=300)
+    cfg = Cosmos3OmniTransformer.load_config(tmp_path / "nano8" / "transformer")
+    full = dict(PRESETS["nano"].transformer)
+    assert cfg["num_hidden_layers"] == 8
+    assert all(cfg[k] == v for k, v in full.items() if k != "num_hidden_layers")
+    with torch.device("meta"):
+        model = Cosmos3OmniTransformer.from_config(cfg)
+    per_layer = sum(p.numel() for p in model.layers[0].parameters())
+    assert count_parameters(model) == NANO_NUM_PARAMETERS - 28 * per_layer
+    with pytest.raises(ValueError, match="num_layers must be in 1..36"):
+        write_model_dir(tmp_path / "bad", preset="nano", num_layers=37)

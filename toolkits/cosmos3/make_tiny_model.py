@@ -30,12 +30,20 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="nano only: build the random weights on this device (e.g. cuda) and save them (bf16)",
     )
+    parser.add_argument(
+        "--num-layers",
+        type=int,
+        default=None,
+        help="keep this many decoder layers (e.g. a Nano-width model that trains on one GPU: 22 of 36 fit "
+             "with AdamW, fewer with EMA); set before any weights are made",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     if args.materialize_on and PRESETS[args.preset].write_weights:
         parser.error(f"--materialize-on is for presets without CPU weights; {args.preset!r} has them")
-    out = write_model_dir(args.out, preset=args.preset, seed=args.seed, overwrite=args.overwrite)
+    out = write_model_dir(args.out, preset=args.preset, seed=args.seed, overwrite=args.overwrite,
+                          num_layers=args.num_layers)
     if args.materialize_on:
         write_random_weights(out, device=args.materialize_on, seed=args.seed)
     logging.getLogger(__name__).info("done: %s", out)

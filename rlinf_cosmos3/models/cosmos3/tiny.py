@@ -16,6 +16,7 @@ random actions stay O(1) instead of O(sqrt(hidden_size)).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -291,12 +292,21 @@ def model_index(diffusers_version: str) -> dict[str, Any]:
     }
 
 
-def write_model_dir(out: str | Path, preset: str = "tiny", seed: int = 0, overwrite: bool = False) -> Path:
-    """Write a complete random Cosmos3 diffusers directory; complete or absent (staged, then renamed)."""
+def write_model_dir(out: str | Path, preset: str = "tiny", seed: int = 0, overwrite: bool = False,
+                    num_layers: int | None = None) -> Path:
+    """Write a complete random Cosmos3 diffusers directory; complete or absent (staged, then renamed).
+
+    ``num_layers`` keeps only that many decoder layers (the preset's width, fewer layers: a
+    Nano-width model small enough to train on one GPU)."""
     import diffusers
     from diffusers import UniPCMultistepScheduler
 
     spec = get_preset(preset)
+    if num_layers is not None:
+        layers = spec.transformer["num_hidden_layers"]
+        if not 1 <= num_layers <= layers:
+            raise ValueError(f"num_layers must be in 1..{layers} for the {preset} preset, got {num_layers}")
+        spec = dataclasses.replace(spec, transformer={**spec.transformer, "num_hidden_layers": num_layers})
     out = Path(out)
     if out.exists():
         if not overwrite:
