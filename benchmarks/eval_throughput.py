@@ -20,7 +20,8 @@ counting the env steps less the settle steps run inside the first observation), 
 bound computed the same way (inference-only time is all after the first observation anyway).
 An untimed warm-up (a short sim-only pass, ``--no-warmup`` skips it) comes first, so the timed
 sim-only row -- which must run before the others, since the inference-only replays reuse its
-observations -- is not the one that pays for a cold machine (file cache, first EGL/MuJoCo loads).
+observations -- is not the one that pays for a cold machine (file cache, first EGL/MuJoCo loads);
+likewise one untimed prediction per batch size warms the backend before anything is timed on it.
 One backend (started once, with the largest batch size) serves every row: it is handed to
 ``PipelinedEvalRunner.run(cluster, backend=...)``, which leaves it running. Episodes run to the step cap
 (``stop_on_success=false``) so every configuration does exactly the same env steps.
@@ -323,6 +324,16 @@ async def _inference_only(sim: SimOnly, stages: int, batch: int, serial: bool, m
     return time.perf_counter() - t0, counts[0]
 
 
+async def _warm_backend(sim: SimOnly, batch_sizes: list[int], model_cfg: Any, backend: RolloutBackend) -> None:
+    """One untimed prediction at every batch size the rows use: a fresh server's first request of a
+    new shape pays one-off costs (kernel selection, allocator growth) -- 3x a warm request of 16
+    observations on the H200 -- which must not land in whichever replay or row comes first."""
+    obs = sim.first_obs[0]
+    for size in sorted(set(batch_sizes)):
+        size = min(size, len(obs[SLOT_IDS]))
+        await Cosmos3ActionAdapter(model_cfg, size).predict(_stage_rows(obs, 0, size), backend)
+
+
 def run_pipelined(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend, run_dir: Path) -> EvalSummary:
     """The runner itself on the shared, already started ``backend`` (which it leaves running)."""
     summary = PipelinedEvalRunner(cfg, run_dir).run(cluster, backend=backend)
@@ -446,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         backend = make_backend(args.backend, base_cfg.rollout.model, sglang_cfg=base_cfg.rollout.sglang,
                                embedded_cfg=base_cfg.rollout.embedded, log_dir=work / "servers", cluster=cluster)
         with backend:
+            logger.info("== server warm-up (untimed): one prediction per batch size %s",
+                        sorted({1, *(eff for _, _, eff in configs)}))
+            asyncio.run(_warm_backend(sim, [1, *(eff for _, _, eff in configs)], base_cfg.rollout.model, backend))
             logger.info("== inference-only")
             serial_inf = (asyncio.run(_inference_only(sim, 1, 1, True, base_cfg.rollout.model, backend))
                           if args.serial_replay else (None, 0))
