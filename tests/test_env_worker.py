@@ -172,8 +172,8 @@ def test_video_writer_streams_and_renames_only_when_finished(tmp_path: Path) -> 
 
 # ------------------------------------------------------------------------------------------ real workers
 def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, tmp_path: Path) -> None:
-    """1 stage x 2 slots, 3 episodes: slot 0 runs (task 0, trial 0) then (task 1, trial 0) -- a new
-    task, so a re-make; slot 1 runs (task 2, trial 0) and then idles (padding)."""
+    """1 stage x 2 slots, 3 episodes dealt round-robin: slot 0 runs (task 0, trial 0) then (task 2,
+    trial 0) -- a new task, so a re-make; slot 1 runs (task 1, trial 0) and then idles (padding)."""
     cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0, 1, 2], trials_per_task=1, total_num_envs=2,
                         max_episode_steps=CAP, save_video=True, video_dir=str(tmp_path / "videos"))
     pgids: set[int] = set()
@@ -188,8 +188,8 @@ def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, t
         obs = out.obs
         assert out.results == [] and not out.done
         assert obs[SLOT_IDS].tolist() == [0, 1]
-        assert obs[TASK_IDS].tolist() == [0, 2] and obs[TRIAL_IDS].tolist() == [0, 0]
-        assert obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[0], SPATIAL_PROMPTS[2]]
+        assert obs[TASK_IDS].tolist() == [0, 1] and obs[TRIAL_IDS].tolist() == [0, 0]
+        assert obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[0], SPATIAL_PROMPTS[1]]
         for key in (MAIN_IMAGES, WRIST_IMAGES):
             assert obs[key].shape == (2, 256, 256, 3) and obs[key].dtype == np.uint8
             assert obs[key].std() > 10, f"{key} looks blank"
@@ -202,15 +202,15 @@ def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, t
         assert out.results == [] and out.obs[SLOT_IDS].tolist() == [0, 1]
         out = _step(group, 0, out.obs)  # only 6 of the 16 actions fit under the cap
         results = sorted(out.results, key=lambda r: r.task_id)
-        assert [(r.task_id, r.trial_id) for r in results] == [(0, 0), (2, 0)]
+        assert [(r.task_id, r.trial_id) for r in results] == [(0, 0), (1, 0)]
         for r in results:
             assert (r.suite, r.steps, r.success_once, r.success_at_end, r.error, r.attempts) == \
                 ("libero_spatial", CAP, False, False, None, 1)
             assert r.task_description == SPATIAL_PROMPTS[r.task_id]
         assert [r.slot_id for r in results] == [0, 1]
         # auto-reset: slot 0 shows its next episode, slot 1 has none left and idles
-        assert out.obs[SLOT_IDS].tolist() == [0] and out.obs[TASK_IDS].tolist() == [1]
-        assert out.obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[1]]
+        assert out.obs[SLOT_IDS].tolist() == [0] and out.obs[TASK_IDS].tolist() == [2]
+        assert out.obs[TASK_DESCRIPTIONS] == [SPATIAL_PROMPTS[2]]
         assert out.obs[MAIN_IMAGES].shape == (1, 256, 256, 3) and not out.done
         assert len(_call(group, "sim_process_ids")) == 1, "the idle slot's simulator should be closed"
         assert not _call(group, "done")
@@ -218,7 +218,7 @@ def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, t
         out = _step(group, 0, out.obs)
         assert out.results == []
         out = _step(group, 0, out.obs)
-        assert [(r.task_id, r.trial_id, r.steps, r.error) for r in out.results] == [(1, 0, CAP, None)]
+        assert [(r.task_id, r.trial_id, r.steps, r.error) for r in out.results] == [(2, 0, CAP, None)]
         results.extend(out.results)
         assert out.done and out.obs[SLOT_IDS].tolist() == [] and out.obs[MAIN_IMAGES].shape == (0, 256, 256, 3)
         assert _call(group, "done")
@@ -238,8 +238,8 @@ def test_episodes_run_to_the_cap_auto_reset_and_write_videos(cluster: Cluster, t
 
 
 def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) -> None:
-    """2 stages x 1 slot, task 0 trials 0..2: stage 0 runs trials 0, 1 (one env build for both),
-    stage 1 runs trial 2, whose simulator is SIGKILLed during a chunk step 26 steps in: the episode
+    """2 stages x 1 slot, task 0 trials 0..2: stage 0 runs trials 0, 2 (one env build for both),
+    stage 1 runs trial 1, whose simulator is SIGKILLed during a chunk step 26 steps in: the episode
     is re-run from its start on a new process and reported once, complete. Three results in total."""
     cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=3, total_num_envs=2,
                         max_episode_steps=CAP, max_episode_retries=1)
@@ -249,8 +249,8 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         _call(group, "setup")
         out0 = _call(group, "observe", 0)
         out1 = _call(group, "observe", 1)
-        assert out0.obs[TRIAL_IDS].tolist() == [0] and out1.obs[TRIAL_IDS].tolist() == [2]
-        out1 = _step(group, 1, out1.obs)  # trial 2 is 26 steps in
+        assert out0.obs[TRIAL_IDS].tolist() == [0] and out1.obs[TRIAL_IDS].tolist() == [1]
+        out1 = _step(group, 1, out1.obs)  # trial 1 is 26 steps in
         victim = _slot_pid(group, 1)
         pgids.add(victim)
         # Freeze the simulator first so the chunk step cannot finish before the kill lands
@@ -261,14 +261,14 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         os.kill(victim, signal.SIGKILL)
         out1 = group.gather(ref, [0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)[0]
         assert out1.results == [], "a crashed episode must be re-run, not reported"
-        assert out1.obs[TRIAL_IDS].tolist() == [2] and out1.obs[SLOT_IDS].tolist() == [1]
+        assert out1.obs[TRIAL_IDS].tolist() == [1] and out1.obs[SLOT_IDS].tolist() == [1]
         replacement = _slot_pid(group, 1)
         pgids.add(replacement)
         assert replacement != victim and _is_simulator(replacement)
         out1 = _step(group, 1, out1.obs)
         assert out1.results == [], "the re-run starts from step 0, so it needs both chunks again"
         out1 = _step(group, 1, out1.obs)
-        assert [(r.trial_id, r.steps, r.error, r.attempts) for r in out1.results] == [(2, CAP, None, 2)]
+        assert [(r.trial_id, r.steps, r.error, r.attempts) for r in out1.results] == [(1, CAP, None, 2)]
         assert out1.done
         results += out1.results
 

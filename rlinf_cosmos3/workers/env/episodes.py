@@ -1,13 +1,17 @@
 """Which (task, init state) episodes exist and which env slot runs each of them; pure functions.
 
 Every episode is assigned to exactly one slot, so it is evaluated exactly once however ``E`` relates
-to the episode count. Episodes are listed task-major and each slot takes one contiguous block (the
-first ``n % E`` slots one episode more), so a slot rebuilds its LIBERO env only when its block
-crosses into the next task. Slots whose block is empty stay idle (padding).
+to the episode count. Episodes are listed task-major and dealt round-robin: slot ``g`` runs episodes
+``g, g + E, g + 2E, ...`` (the first ``n % E`` slots one episode more). So the ``k``-th episodes of
+all slots are ``E`` consecutive episodes -- mostly one task, hence one prompt, which is what lets a
+stage's observations go out as one full request (SGLang batches only prompts of one token length; a
+split into contiguous per-slot blocks put every slot on a different task at once). A slot's queue
+stays task-major, so it rebuilds its LIBERO env once per task it reaches. Slots with no episode stay
+idle (padding).
 
 Global slot ids interleave workers, then stages: slot ``g`` lives on worker ``g % W``, stage
 ``(g // W) % S``, position ``g // (W*S)`` in that stage. Consecutive slots -- which get the larger
-blocks, and are the busy ones when there are fewer episodes than envs -- are therefore spread over
+queues, and are the busy ones when there are fewer episodes than envs -- are therefore spread over
 all workers and stages instead of piling onto the first.
 """
 
@@ -42,16 +46,10 @@ def list_episodes(task_ids: Sequence[int], trials_per_task: int) -> list[Episode
 
 
 def assign_episodes(episodes: Sequence[Episode], num_slots: int) -> list[list[Episode]]:
-    """Split ``episodes`` into ``num_slots`` contiguous blocks whose sizes differ by at most one."""
+    """Deal ``episodes`` round-robin over ``num_slots`` queues: queue ``g`` is ``episodes[g::num_slots]``."""
     if num_slots < 1:
         raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-    base, extra = divmod(len(episodes), num_slots)
-    blocks, start = [], 0
-    for slot in range(num_slots):
-        size = base + (1 if slot < extra else 0)
-        blocks.append(list(episodes[start:start + size]))
-        start += size
-    return blocks
+    return [list(episodes[slot::num_slots]) for slot in range(num_slots)]
 
 
 def _check_layout(total_num_envs: int, num_workers: int, num_stages: int) -> int:
@@ -89,6 +87,6 @@ def worker_plan(episodes: Sequence[Episode], total_num_envs: int, num_workers: i
                 worker: int) -> list[list[tuple[int, list[Episode]]]]:
     """For each stage of ``worker``: ``(global slot id, its episodes in order)`` per slot position."""
     _check_layout(total_num_envs, num_workers, num_stages)
-    blocks = assign_episodes(episodes, total_num_envs)
-    return [[(g, blocks[g]) for g in stage_slot_ids(worker, s, total_num_envs, num_workers, num_stages)]
+    queues = assign_episodes(episodes, total_num_envs)
+    return [[(g, queues[g]) for g in stage_slot_ids(worker, s, total_num_envs, num_workers, num_stages)]
             for s in range(num_stages)]

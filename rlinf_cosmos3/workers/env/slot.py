@@ -53,7 +53,7 @@ class Phase(enum.Enum):
 
 
 class EnvSlot:
-    """A simulator process evaluating its block of episodes one after the other."""
+    """A simulator process evaluating its queue of episodes one after the other."""
 
     def __init__(self, slot_id: int, episodes: Sequence[Episode], cfg: EnvEvalConfig) -> None:
         self.slot_id = slot_id
