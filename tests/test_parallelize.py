@@ -5,6 +5,8 @@
   each rank takes one sample of a two-sample batch, with the per-sample generators the single
   process uses, so the 2-rank mean gradient is the full-batch gradient (accumulated sample by
   sample in the single process; see the comment in the test for why).
+* Packed: each rank packs two samples into one transformer call; 2 ranks give the weights one process
+  gets from one call per sample, to fp32 rounding (packing changes the order of sums, nothing else).
 * bf16 mixed precision with activation checkpointing runs: decoder layers compute in bf16, the
   ``time_embedder`` in fp32 (as diffusers keeps it), gradients land in fp32 shards.
 """
@@ -106,6 +108,29 @@ def _train_sharded(rank: int, model_dir: str, encoded_path: str, out_dir: str) -
     trained = _full_state(transformer)
     if rank == 0:
         torch.save(trained, out / "trained.pt")
+
+
+def _train_sharded_packed(rank: int, model_dir: str, encoded_path: str, out_dir: str) -> None:
+    policy = _sharded_policy(Path(model_dir), ParallelizeConfig(precision="fp32"))
+    assert policy.cfg.max_tokens_per_pack is not None, "packing is the default"
+    samples = [EncodedSample(**d) for d in torch.load(encoded_path, weights_only=False)]
+    mine = [2 * rank, 2 * rank + 1]
+    calls: list[int] = []
+    policy.transformer.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["sequence_length"]),
+                                                 with_kwargs=True)
+    optimizer = _optimizer(policy.transformer)
+    losses = []
+    for step in range(STEPS):
+        loss, _ = policy.loss_from_encoded([samples[i] for i in mine], [_gen(step, i) for i in mine])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    assert len(calls) == STEPS, "one transformer call per step: both samples packed"
+    torch.save(torch.stack(losses), Path(out_dir) / f"packed_losses_rank{rank}.pt")
+    trained = _full_state(policy.transformer)
+    if rank == 0:
+        torch.save(trained, Path(out_dir) / "packed_trained.pt")
 
 
 def _bf16_checkpointed_step(rank: int, model_dir: str, encoded_path: str, out_dir: str) -> None:
@@ -237,6 +262,49 @@ def test_sharded_training_equals_single_process(
         assert torch.equal(trained[name], tensor), f"trained {name}"
         moved += int(not torch.equal(tensor, expected[name]))
     assert moved > len(expected) // 2
+
+
+@pytest.fixture(scope="module")
+def four_latent_samples(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, Path]:
+    """Four samples from given latents (the cached-latent path: no VAE), prompts of different lengths."""
+    g = torch.Generator().manual_seed(1)
+    batch = {
+        "x0_vision": torch.randn(4, 48, 5, 12, 20, generator=g) * 0.2,
+        "vision_frame_valid": torch.tensor([[True] * 5, [True] * 4 + [False], [True] * 5, [True] * 5]),
+        "actions": torch.rand(4, 16, 10, generator=g) * 2 - 1,
+        "action_is_pad": torch.tensor([[False] * 16, [False] * 12 + [True] * 4, [False] * 16, [False] * 16]),
+        "prompt": ["pick up the black bowl", "put the mug on the plate", "push the plate to the front of the stove",
+                   "pick up the ketchup and place it in the basket"],
+    }
+    samples = Cosmos3Policy.from_pretrained(model_dir).encode_batch(batch)
+    path = tmp_path_factory.mktemp("encoded4") / "encoded.pt"
+    torch.save([dataclasses.asdict(s) for s in samples], path)
+    return samples, path
+
+
+def test_packed_sharded_training_matches_per_sample_single_process(
+    model_dir: Path, four_latent_samples: tuple[list[EncodedSample], Path], tmp_path: Path
+) -> None:
+    samples, encoded_path = four_latent_samples
+    _run_on_ranks(tmp_path, _train_sharded_packed, str(model_dir), str(encoded_path), str(tmp_path))
+
+    reference = Cosmos3Policy.from_pretrained(model_dir, PolicyConfig(max_tokens_per_pack=None))
+    optimizer = _optimizer(reference.transformer)
+    ref_losses = []
+    for step in range(STEPS):
+        parts = []
+        for index, sample in enumerate(samples):
+            loss, _ = reference.loss_from_encoded([sample], [_gen(step, index)])
+            (loss / len(samples)).backward()
+            parts.append(loss.detach())
+        optimizer.step()
+        optimizer.zero_grad()
+        ref_losses.append(torch.stack(parts).mean())
+    rank_losses = torch.stack([torch.load(tmp_path / f"packed_losses_rank{r}.pt") for r in range(WORLD)])
+    torch.testing.assert_close(rank_losses.mean(0), torch.stack(ref_losses), rtol=1e-5, atol=1e-6)
+    trained = torch.load(tmp_path / "packed_trained.pt", weights_only=True)
+    for name, tensor in reference.transformer.state_dict().items():
+        torch.testing.assert_close(trained[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_bf16_mixed_precision_with_activation_checkpointing(

@@ -59,12 +59,14 @@ def _gen(seed: int) -> torch.Generator:
 
 @contextmanager
 def _perturb_outputs(policy: Cosmos3Policy, edit: Callable[[torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
-    """Add to the transformer's predictions in place: ``edit(preds_vision[0], preds_action[0])``."""
+    """Add to every sample's predictions: ``edit(preds_vision[i], preds_action[i])`` (one call may hold
+    several packed samples)."""
 
     def hook(_module: torch.nn.Module, _args: Any, _kwargs: Any, output: tuple) -> tuple:
         vision, sound, action = output
-        vision, action = [vision[0].clone()], [action[0].clone()]
-        edit(vision[0], action[0])
+        vision, action = [v.clone() for v in vision], [a.clone() for a in action]
+        for v, a in zip(vision, action, strict=True):
+            edit(v, a)
         return vision, sound, action
 
     handle = policy.transformer.register_forward_hook(hook, with_kwargs=True)

@@ -17,6 +17,11 @@ from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
 from rlinf_cosmos3.data.config import LiberoDataConfig
 
+DEFAULT_MAX_TOKENS_PER_PACK = 74_000
+"""= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
+needs torch, and configs stay light); a test checks they agree."""
+ATTENTION_BACKENDS = ("auto", "flex", "loop")
+
 SUPPORTED_PRECISIONS = ("bf16", "fp32")
 
 
@@ -56,6 +61,9 @@ class ModelConfig:
     """Flow-matching loss weight (cosmos-framework LIBERO recipe: ``loss_scale = 10``)."""
     action_loss_weight: float = 1.0
     """Weight of the action MSE relative to the vision MSE."""
+    attention_backend: str = "auto"
+    """Attention of packed samples: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample,
+    any device) or ``auto`` (flex on GPU, loop on CPU)."""
 
 
 @dataclass
@@ -78,6 +86,10 @@ class ActorConfig:
 
     micro_batch_size: int = 32
     global_batch_size: int = 2048
+    max_tokens_per_pack: int | None = DEFAULT_MAX_TOKENS_PER_PACK
+    """The samples of a micro-batch share one transformer call up to this many tokens (a longer
+    micro-batch is split into several packs; cosmos-framework packs up to 74,000); null: one call per
+    sample (the reference path)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
 
@@ -106,6 +118,10 @@ class DataLoaderConfig:
     dataset: LiberoDataConfig = field(default_factory=LiberoDataConfig)
     num_workers: int = 2
     prefetch_factor: int = 2
+    latent_cache_dir: str | None = None
+    """Frozen-VAE latents of every training sample, computed once (first run) and reused by later
+    steps and runs: no video decoding and no VAE per step. A cache made from another dataset, VAE,
+    canvas or reader setting is rejected (use a new directory). null: decode and encode every step."""
 
 
 @dataclass
@@ -153,6 +169,11 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
             "GPU (CheckpointError: recomputed tensors differ from the forward's)",
             "set actor.model.activation_checkpointing=false (then compiled blocks are 1.64x faster on an H200, "
             "at more activation memory) or keep compile_blocks=false")
+    require(actor.max_tokens_per_pack is None or actor.max_tokens_per_pack >= 1, "actor.max_tokens_per_pack",
+            f"must be >= 1 or null, got {actor.max_tokens_per_pack}",
+            "use e.g. 74000 (the recipe), or null for one transformer call per sample")
+    require(model.attention_backend in ATTENTION_BACKENDS, "actor.model.attention_backend",
+            f"unknown backend '{model.attention_backend}'", f"use one of {list(ATTENTION_BACKENDS)}")
     require(all(v > 0 for v in model.lr_multipliers.values()), "actor.model.lr_multipliers",
             f"multipliers must be > 0, got {model.lr_multipliers}")
     require(optim.lr > 0, "actor.optim.lr", f"must be > 0, got {optim.lr}")

@@ -1,0 +1,161 @@
+"""What a Cosmos3 policy is (must match serving) and how it is trained (NVIDIA's LIBERO recipe).
+
+Sources of the recipe values (cosmos-framework): ``nano_model_config.py`` (sigma distribution,
+shift per canvas tier, action loss weight), ``action_policy_libero_all_nano.py`` (loss scale,
+caption dropout), ``rectified_flow.py`` (``TrainTimeSampler``: how a training sigma is drawn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlinf_cosmos3.config.sft import SFTConfig
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, LIBERO_DOMAIN_NAME, get_action_domain
+from rlinf_cosmos3.models.cosmos3.observation import CANVAS_HEIGHT, CANVAS_WIDTH, VIEW_POINT
+from rlinf_cosmos3.models.cosmos3.packed_attention import BACKENDS as ATTENTION_BACKENDS
+from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
+
+NUM_TRAIN_TIMESTEPS = 1000
+"""Timestep = sigma x 1000 (``omni_mot_model.py`` L1808; the transformer's ``timestep_scale`` 0.001
+undoes it; the pipeline's UniPC flow timesteps are ``1000 sigma`` too)."""
+
+SHIFT_BY_TIER = {"256": 3.0, "480": 5.0, "720": 10.0}
+"""``nano_model_config.py`` L93 ``rectified_flow_training_config.shift``, looked up per sample by the
+canvas tier (``utils/generator/image_resize.py`` ``get_vision_data_resolution``)."""
+
+WAVER_MODE_S = 1.29  # rectified_flow.py TrainTimeSampler._WAVER_MODE_S
+SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
+
+DEFAULT_MAX_TOKENS_PER_PACK = 74_000
+"""cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000
+tokens per transformer call (~174 LIBERO samples of 424 tokens)."""
+
+
+def canvas_tier(height: int, width: int) -> str:
+    """cosmos-framework's resolution tier of a canvas (``get_vision_data_resolution``, min side)."""
+    side = min(height, width)
+    for tier, limit in (("256", 256), ("480", 640), ("720", 960)):
+        if side <= limit:
+            return tier
+    raise ValueError(f"no training shift for a {height}x{width} canvas")
+
+
+def sample_sigma(distribution: str, shift: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One training sigma in [0, 1] (float32, 0-d, on the generator's device), as
+    ``TrainTimeSampler.__call__`` draws it: ``rectified_flow.py`` L49-58 (the draw) and L88-90 (the
+    shift ``s t / (1 + (s - 1) t)``).
+    """
+    device = generator_device(generator)
+    if distribution == "waver":
+        u = torch.rand((1,), dtype=torch.float32, generator=generator, device=device)
+        t = 1.0 - u - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * u) ** 2 - 1 + u)
+    elif distribution == "logitnormal":
+        t = torch.sigmoid(torch.randn((1,), generator=generator, device=device))
+    elif distribution == "uniform":
+        t = torch.rand((1,), generator=generator, device=device)
+    else:
+        raise ValueError(f"unknown sigma distribution {distribution!r}; choose one of {SIGMA_DISTRIBUTIONS}")
+    shift_t = torch.tensor([shift], dtype=torch.float32, device=device)
+    return (shift_t * t / (1 + (shift_t - 1) * t))[0]
+
+
+def generator_device(generator: torch.Generator | None) -> torch.device:
+    return generator.device if generator is not None else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """What the policy is (must match serving) and how it is trained (NVIDIA's LIBERO recipe)."""
+
+    domain_name: str = LIBERO_DOMAIN_NAME
+    action_horizon: int = ACTION_HORIZON
+    fps: float = 20.0
+    canvas_height: int = CANVAS_HEIGHT
+    canvas_width: int = CANVAS_WIDTH
+    resolution_tier: int = 256
+    """diffusers ``CosmosActionCondition.resolution_tier``; must bin to the canvas size."""
+    view_point: str = VIEW_POINT
+    main_image_key: str = "image"
+    wrist_image_key: str = "wrist_image"
+    sigma_distribution: str = "waver"
+    """``nano_model_config.py`` L97 ``train_time_video_distribution``; actions share the vision sigma."""
+    shift: float | None = None
+    """None: by canvas tier (3.0 for the 192x320 canvas)."""
+    loss_scale: float = 10.0
+    """``action_policy_libero_all_nano.py`` L38 (vision); actions get ``loss_scale * action_loss_weight``."""
+    action_loss_weight: float = 1.0
+    """Relative to vision: 10 x 1.0 = NVIDIA's absolute ``action_loss_weight`` 10 (``nano_model_config.py`` L88)."""
+    caption_dropout: float = 0.0
+    """Chance to train on the unconditional prompt (NVIDIA: 0.1, for CFG; serving uses no CFG)."""
+    mask_padded_frames: bool = True
+    """Leave out of the vision loss the latent frames made only of padding frames."""
+    precision: str | None = None
+    """Dtype the noisy tokens enter the transformer in (``bf16`` under FSDP2 bf16 mixed precision);
+    None: the transformer's parameter dtype."""
+    max_tokens_per_pack: int | None = DEFAULT_MAX_TOKENS_PER_PACK
+    """Samples of a micro-batch share one transformer call up to this many tokens (document-masked
+    attention, :mod:`~rlinf_cosmos3.models.cosmos3.packed_attention`); None: one call per sample (the
+    reference path, bit-identical whatever the batch split)."""
+    attention_backend: str = "auto"
+    """Packed attention: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample) or ``auto``."""
+    vae_batch_size: int = 8
+    """Clips the frozen VAE encodes per call (memory bound of the batched encode)."""
+
+    def __post_init__(self) -> None:
+        if self.sigma_distribution not in SIGMA_DISTRIBUTIONS:
+            raise ValueError(f"sigma_distribution {self.sigma_distribution!r} not in {SIGMA_DISTRIBUTIONS}")
+        if not 0.0 <= self.caption_dropout < 1.0:
+            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
+        if self.precision is not None:
+            precision_dtype(self.precision)
+        if self.max_tokens_per_pack is not None and self.max_tokens_per_pack < 1:
+            raise ValueError(f"max_tokens_per_pack must be >= 1 or None, got {self.max_tokens_per_pack}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend {self.attention_backend!r} not in {ATTENTION_BACKENDS}")
+        if self.vae_batch_size < 1:
+            raise ValueError(f"vae_batch_size must be >= 1, got {self.vae_batch_size}")
+        get_action_domain(self.domain_name)
+
+    @property
+    def num_frames(self) -> int:
+        return self.action_horizon + 1
+
+    @property
+    def training_shift(self) -> float:
+        return self.shift if self.shift is not None else SHIFT_BY_TIER[canvas_tier(self.canvas_height, self.canvas_width)]
+
+
+def policy_config_from_sft(cfg: SFTConfig, *, precision: str) -> PolicyConfig:
+    """The :class:`PolicyConfig` an SFT run trains with (``precision``: the rank's compute precision)."""
+    model = cfg.actor.model
+    return PolicyConfig(
+        domain_name=model.domain_name,
+        action_horizon=model.action_horizon,
+        fps=float(model.fps),
+        canvas_height=model.canvas_height,
+        canvas_width=model.canvas_width,
+        loss_scale=model.loss_scale,
+        action_loss_weight=model.action_loss_weight,
+        precision=precision if precision != "fp32" else None,
+        max_tokens_per_pack=cfg.actor.max_tokens_per_pack,
+        attention_backend=model.attention_backend,
+    )
+
+
+def sft_vae_dtype(on_gpu: bool) -> torch.dtype:
+    """The frozen VAE's dtype in SFT: bf16 on GPU (as served), fp32 on CPU."""
+    return torch.bfloat16 if on_gpu else torch.float32
+
+
+def sft_latent_cache_key(cfg: SFTConfig, *, on_gpu: bool) -> dict[str, Any]:
+    """What an SFT run's latent cache must have been made from (:func:`rlinf_cosmos3.data.latent_cache.cache_key`)."""
+    from rlinf_cosmos3.data.latent_cache import cache_key
+
+    model = cfg.actor.model
+    return cache_key(
+        cfg.data.dataset, model.model_path, vae_dtype=str(sft_vae_dtype(on_gpu)).removeprefix("torch."),
+        canvas=(model.canvas_height, model.canvas_width), resolution_tier=PolicyConfig.resolution_tier,
+    )

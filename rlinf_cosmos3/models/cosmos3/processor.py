@@ -1,0 +1,195 @@
+"""The frozen half of the policy: canvases, prompt ids, VAE latents and action targets of a batch.
+
+Everything here goes through the diffusers pipeline's own helpers (``_prepare_action_video_conditioning``,
+``_encode_video``, ``_remove_action_video_padding_from_latent``, ``tokenize_prompt``), so training sees
+what the served model sees. The whole micro-batch is prepared and VAE-encoded together (the pipeline
+helpers take a ``[B, T, 3, H, W]`` tensor as well as one clip of PIL images; the two give identical
+pixels, checked by the tests), in chunks of ``vae_batch_size`` clips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
+from rlinf_cosmos3.models.cosmos3.observation import compose_observation
+
+LATENT_KEY = "x0_vision"
+"""Batch key of precomputed VAE latents (``[B, C, T_latent, h, w]``): the batch skips the VAE."""
+LATENT_VALID_KEY = "vision_frame_valid"
+
+
+@dataclass
+class EncodedSample:
+    """One sample after the frozen parts (tokenizer, VAE): everything the loss needs."""
+
+    input_ids: list[int]
+    uncond_input_ids: list[int]
+    x0_vision: torch.Tensor
+    """Clean latents ``[1, C, T_latent, h, w]`` float32 (padding latents removed as the pipeline does)."""
+    vision_frame_valid: torch.Tensor
+    """``[T_latent]`` bool: False for latent frames made only of padding frames."""
+    x0_action: torch.Tensor
+    """Normalised actions ``[horizon, action_dim]`` float32, zero beyond ``raw_action_dim``."""
+    action_valid: torch.Tensor
+    """``[horizon]`` bool: False where the chunk ran past the episode end."""
+
+
+def prepare_actions(
+    actions: torch.Tensor, action_is_pad: torch.Tensor | None, action_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[H, raw]`` normalised actions -> (``[H, action_dim]`` zero-padded channels, ``[H]`` valid).
+
+    Padded steps (past the episode end) take the last real action before them - what the
+    LeRobot reader already returns - so whatever they held cannot reach the model: they enter
+    the sequence as noisy tokens that every other token attends to, and their loss is masked.
+    """
+    horizon, raw = actions.shape
+    if raw > action_dim:
+        raise ValueError(f"{raw} action channels exceed the model's action_dim {action_dim}")
+    pad = action_is_pad.bool().to(actions.device) if action_is_pad is not None else None
+    valid = ~pad if pad is not None else torch.ones(horizon, dtype=torch.bool, device=actions.device)
+    if not bool(valid[0]):
+        raise ValueError("the first action of a chunk is padding; the sample has no real action")
+    real = actions.to(torch.float32)
+    if pad is not None and bool(pad.any()):
+        last = torch.cumsum(valid.long(), 0) - 1  # per step: index of the latest real step so far
+        real = real[valid][last]
+    x0 = torch.zeros(horizon, action_dim, dtype=torch.float32, device=actions.device)
+    x0[:, :raw] = real
+    return x0, valid
+
+
+def latent_frame_valid(frame_is_pad: torch.Tensor, temporal_factor: int) -> torch.Tensor:
+    """Latent frame k covers pixel frames ``4k-3 .. 4k`` (frame 0 alone): valid if any is real."""
+    real = ~frame_is_pad.bool()
+    groups = [real[:1]] + [real[1 + k : 1 + k + temporal_factor] for k in range(0, len(real) - 1, temporal_factor)]
+    return torch.stack([g.any() for g in groups])
+
+
+class PolicyProcessor:
+    """Turns a data batch into :class:`EncodedSample` s with the pipeline's frozen pieces."""
+
+    def __init__(self, pipeline: Any, cfg: PolicyConfig, raw_action_dim: int) -> None:
+        self.pipeline = pipeline
+        self.cfg = cfg
+        self.raw_action_dim = raw_action_dim
+        self._prompt_ids: dict[str, tuple[list[int], list[int]]] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.pipeline.vae.parameters()).device
+
+    # ------------------------------------------------------------------------------- prompts
+
+    def prompt_ids(self, prompt: str) -> tuple[list[int], list[int]]:
+        """(conditional, unconditional) token ids of the policy caption, tokenized once per prompt."""
+        if prompt not in self._prompt_ids:
+            cfg = self.cfg
+            ids, uncond = self.pipeline.tokenize_prompt(
+                prompt,
+                None,
+                num_frames=cfg.num_frames,
+                height=cfg.canvas_height,
+                width=cfg.canvas_width,
+                fps=cfg.fps,
+                use_system_prompt=False,
+                action_mode="policy",
+                action_view_point=cfg.view_point,
+            )
+            if len(self._prompt_ids) >= 4096:  # a handful of LIBERO tasks; bound it anyway
+                self._prompt_ids.clear()
+            self._prompt_ids[prompt] = (list(ids), list(uncond))
+        return self._prompt_ids[prompt]
+
+    # ------------------------------------------------------------------------------- pixels
+
+    @torch.no_grad()
+    def encode_canvases(self, canvases: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[B, T, 3, H, W]`` canvases -> clean latents ``[B, C, T_latent, h, w]`` (the VAE's dtype)."""
+        cfg, pipe = self.cfg, self.pipeline
+        latents = []
+        for start in range(0, canvases.shape[0], cfg.vae_batch_size):
+            chunk = canvases[start : start + cfg.vae_batch_size].to(self.device)
+            video, image_size, height, width = pipe._prepare_action_video_conditioning(
+                chunk.to(torch.float32) / 255.0, cfg.resolution_tier, cfg.num_frames,
+                device=self.device, dtype=torch.float32,
+            )
+            if (height, width) != (cfg.canvas_height, cfg.canvas_width):
+                raise ValueError(
+                    f"resolution_tier {cfg.resolution_tier} bins the canvas to {height}x{width}, "
+                    f"not {cfg.canvas_height}x{cfg.canvas_width}"
+                )
+            x0 = pipe._encode_video(video).contiguous()
+            latents.append(pipe._remove_action_video_padding_from_latent(x0, image_size))
+        return torch.cat(latents)
+
+    @torch.no_grad()
+    def encode_pixels(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pixel batch's clean latents (``[B, C, T_latent, h, w]``, the VAE's dtype) and latent-frame
+        validity (``[B, T_latent]`` bool, from ``frame_is_pad``): what a latent cache stores."""
+        latents = self.encode_canvases(self.canvases(batch))
+        frame_is_pad = batch.get("frame_is_pad")
+        pad = (frame_is_pad.cpu() if frame_is_pad is not None
+               else torch.zeros(latents.shape[0], self.cfg.num_frames, dtype=torch.bool))
+        temporal = self.pipeline.vae_scale_factor_temporal
+        return latents, torch.stack([latent_frame_valid(p, temporal) for p in pad])
+
+    def canvases(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The batch's ``[main | wrist]`` canvases, uint8 ``[B, T, 3, H, W]``."""
+        cfg = self.cfg
+        return compose_observation(batch[cfg.main_image_key], batch[cfg.wrist_image_key],
+                                   height=cfg.canvas_height, width=cfg.canvas_width)
+
+    # ------------------------------------------------------------------------------- batch
+
+    @torch.no_grad()
+    def encode_batch(self, batch: Mapping[str, Any], action_dim: int) -> list[EncodedSample]:
+        """Tokenize prompts, VAE-encode the 17-frame canvases (or take cached latents), prepare actions."""
+        cfg = self.cfg
+        prompts = batch["prompt"]
+        actions = batch["actions"]
+        cached = LATENT_KEY in batch
+        if cached:
+            sizes = {"latents": batch[LATENT_KEY].shape[0]}
+        else:
+            main, wrist = batch[cfg.main_image_key], batch[cfg.wrist_image_key]
+            sizes = {"main": main.shape[0], "wrist": wrist.shape[0]}
+            if main.shape[1] != cfg.num_frames:
+                raise ValueError(f"batch has {main.shape[1]} frames per sample, the policy needs {cfg.num_frames}")
+        sizes.update({"action chunks": actions.shape[0], "prompts": len(prompts)})
+        if len(set(sizes.values())) != 1:
+            raise ValueError("batch sizes differ: " + ", ".join(f"{v} {k}" for k, v in sizes.items()))
+        if tuple(actions.shape[1:]) != (cfg.action_horizon, self.raw_action_dim):
+            raise ValueError(
+                f"actions {tuple(actions.shape)} != [B, {cfg.action_horizon}, {self.raw_action_dim}]"
+            )
+        device = self.device
+        if cached:
+            x0 = batch[LATENT_KEY].to(device=device, dtype=torch.float32)
+            frame_valid = batch[LATENT_VALID_KEY].to(device=device, dtype=torch.bool)
+        else:
+            x0, frame_valid = self.encode_pixels(batch)
+            x0, frame_valid = x0.float(), frame_valid.to(device)
+        if not cfg.mask_padded_frames:
+            frame_valid = torch.ones_like(frame_valid)
+        action_is_pad = batch.get("action_is_pad")
+        encoded = []
+        for i, prompt in enumerate(prompts):
+            ids, uncond_ids = self.prompt_ids(prompt)
+            x0_action, action_valid = prepare_actions(
+                actions[i].to(device), action_is_pad[i] if action_is_pad is not None else None, action_dim
+            )
+            encoded.append(EncodedSample(
+                input_ids=ids,
+                uncond_input_ids=uncond_ids,
+                x0_vision=x0[i : i + 1],
+                vision_frame_valid=frame_valid[i],
+                x0_action=x0_action,
+                action_valid=action_valid,
+            ))
+        return encoded
