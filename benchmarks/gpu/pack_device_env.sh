@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu/pack_device_env.sh                  # -> .devpkg/{main,sft,sglang,sglkernel}-site.tar.xz
 #   bash benchmarks/gpu/pack_device_env.sh --only main,sglang
+#   bash benchmarks/gpu/pack_device_env.sh --only main,sft --out /tmp/devpkg   # archives elsewhere
 #
 # The device's python3 (3.12, x86_64) already holds torch 2.11 (cu130), triton 3.6, the nvidia-* and
 # cuda-* wheels, transformers 5.17, numpy 2.5, tokenizers, safetensors, accelerate, aiohttp, httpx,
@@ -27,6 +28,16 @@
 #
 # Never carried: torch, triton, nvidia-*, cuda-* (the device has them). Needs uv (cp312 manylinux wheels
 # are fetched for the device whatever this machine's Python is), strip (binutils) and xz.
+#
+# Packing never writes to a file it did not create. `uv pip install --target` hard-links files from
+# uv's shared cache by default, and every environment built from that cache (.venv included) links the
+# very same inodes: stripping such a file in place rewrites ray/_raylet.so under a running Ray. So the
+# wheels are unpacked with --link-mode copy (checked: no staged file may have a second link), strip
+# works on a private copy that is renamed over the staged name, and every file written into a stage is
+# written as a new file (rm/rename only ever drop a stage's own directory entries).
+#
+# Settings: --out DIR (archive folder, default <repo>/.devpkg), DEVPKG_WORK (staging folder, default
+# /tmp/rlinf-devpkg-build), DEVPKG_XZ_LEVEL (xz preset, default -9; e.g. -0 for a quick test pack).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -39,19 +50,6 @@ XZ_LEVEL="${DEVPKG_XZ_LEVEL:--9}"
 
 die() { echo "[pack] ERROR: $*" >&2; exit 1; }
 say() { echo "[pack] $*"; }
-
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --only) ONLY="${2:?--only needs a comma-separated list of main,sft,sglang,sglkernel}"; shift 2 ;;
-    -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (try --help)" ;;
-  esac
-done
-for part in ${ONLY//,/ }; do
-  case "$part" in main|sft|sglang|sglkernel) ;; *) die "--only: unknown archive '$part' (main, sft, sglang, sglkernel)" ;; esac
-done
-for tool in uv strip xz tar; do command -v "$tool" >/dev/null || die "'$tool' not found"; done
-export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
 
 # ------------------------------------------------------------------------------------------ versions
 # main/sft: the versions .venv resolves requirements/main.txt to (uv pip freeze, 2026-11-29).
@@ -82,17 +80,27 @@ pin_from_sglang_txt() {  # pin_from_sglang_txt NAME -> NAME==VERSION as requirem
   echo "$line"
 }
 
-fetch() {  # fetch DIR PKG... : the wheels' files, unpacked into DIR, no dependencies
+fetch() {  # fetch DIR PKG... : the wheels' files, unpacked into DIR as private copies, no dependencies
   local dir="$1"; shift
-  uv pip install -q --target "$dir" "${PLATFORM[@]}" --no-deps "$@" \
+  # --link-mode copy: uv's default hard-links the shared cache, whose inodes every venv shares.
+  uv pip install -q --target "$dir" --link-mode copy "${PLATFORM[@]}" --no-deps "$@" \
     || die "uv could not fetch: $*"
+  local linked
+  linked=$(find "$dir" -type f -links +1 -print -quit)
+  [ -z "$linked" ] || die "uv left hard-linked files in $dir (e.g. $linked): pruning would write through them"
 }
 
 # ------------------------------------------------------------------------------------------ pruning
 strip_elf() {  # strip_elf FILE...: drop symbol tables / debug info (dynamic symbols stay)
-  local f
+  # On a private copy renamed over FILE: GNU strip rewrites a file with several links in place, and
+  # a staged file must never be changed through a link it might share with the uv cache or a venv.
+  local f tmp
   for f in "$@"; do
-    [ -f "$f" ] && strip --strip-unneeded "$f" 2>/dev/null || true
+    [ -f "$f" ] || continue
+    tmp="$f.pack-strip.tmp"
+    rm -f "$tmp"
+    cp -p "$f" "$tmp"
+    if strip --strip-unneeded "$tmp" 2>/dev/null; then mv -f "$tmp" "$f"; else rm -f "$tmp"; fi
   done
 }
 
@@ -139,6 +147,7 @@ prune_sglang() {
 # in the real package without flash_ops. scalar_type.py is the real one (pure Python).
 write_sgl_kernel_shim() {  # write_sgl_kernel_shim DIR KERNEL_WHEEL_DIR
   local pkg="$1/sgl_kernel" real="$2/sgl_kernel"
+  rm -rf "$pkg"  # every file below is then a new one (`cat >`/cp onto an existing file write through it)
   mkdir -p "$pkg"
   cp "$real/scalar_type.py" "$pkg/scalar_type.py"
   cat >"$pkg/__init__.py" <<'EOF'
@@ -270,7 +279,7 @@ prune_sglkernel() {
   numa=$(ldconfig -p 2>/dev/null | awk '/libnuma\.so\.1 .*x86-64/ {print $NF; exit}')
   [ -n "$numa" ] || die "libnuma.so.1 not found here (apt-get install libnuma1)"
   mkdir -p "$dir/.libs"
-  cp -L "$numa" "$dir/.libs/libnuma.so.1"
+  cp -L --remove-destination "$numa" "$dir/.libs/libnuma.so.1"
   common_prune "$dir"
 }
 
@@ -278,6 +287,7 @@ prune_sglkernel() {
 pack() {  # pack NAME DIR: reproducible tar.xz of DIR's contents into $OUT_DIR/NAME-site.tar.xz
   local name="$1" dir="$2" out="$OUT_DIR/$1-site.tar.xz"
   say "compressing $name-site ($(du -sh "$dir" | cut -f1) unpacked) ..."
+  rm -f "$out.tmp"
   tar -C "$dir" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . \
     | xz -T0 "$XZ_LEVEL" >"$out.tmp"
   mv "$out.tmp" "$out"
@@ -312,22 +322,43 @@ build() {  # build NAME: stage, prune, pack
   pack "$name" "$stage"
 }
 
-mkdir -p "$OUT_DIR" "$WORK"
-T0=$(date +%s)
-for part in ${ONLY//,/ }; do
-  say "building $part-site"
-  build "$part"
-done
-
+# ------------------------------------------------------------------------------------------ main
 mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b/1048576}'; }
-say "done in $(( $(date +%s) - T0 )) s; archives in $OUT_DIR:"
-for part in main sft sglang sglkernel; do
-  f="$OUT_DIR/$part-site.tar.xz"
-  [ -f "$f" ] && say "  $(basename "$f"): $(mib "$(stat -c %s "$f")")"
-done
 size_of() { local t=0 p; for p in "$@"; do [ -f "$OUT_DIR/$p-site.tar.xz" ] && t=$((t + $(stat -c %s "$OUT_DIR/$p-site.tar.xz"))); done; echo "$t"; }
-say "  per device call (64 MiB with the ~1 MiB repo): SFT main+sft $(mib "$(size_of main sft)"), serving" \
-    "main+sglang(+sglkernel) $(mib "$(size_of main sglang)") ($(mib "$(size_of main sglang sglkernel)"))"
-[ -f "$OUT_DIR/libero-site.tar.xz" ] && say "  with LIBERO (pack_libero.sh): main+sglang+libero" \
-    "$(mib "$(size_of main sglang libero)"), main+sglang+sglkernel+libero $(mib "$(size_of main sglang sglkernel libero)")"
-exit 0
+
+main() {
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --only) ONLY="${2:?--only needs a comma-separated list of main,sft,sglang,sglkernel}"; shift 2 ;;
+      --out) OUT_DIR="$(realpath -m "${2:?--out needs a folder}")"; shift 2 ;;
+      -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      *) die "unknown argument '$1' (try --help)" ;;
+    esac
+  done
+  for part in ${ONLY//,/ }; do
+    case "$part" in main|sft|sglang|sglkernel) ;; *) die "--only: unknown archive '$part' (main, sft, sglang, sglkernel)" ;; esac
+  done
+  for tool in uv strip xz tar; do command -v "$tool" >/dev/null || die "'$tool' not found"; done
+  export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+
+  mkdir -p "$OUT_DIR" "$WORK"
+  T0=$(date +%s)
+  for part in ${ONLY//,/ }; do
+    say "building $part-site"
+    build "$part"
+  done
+
+  say "done in $(( $(date +%s) - T0 )) s; archives in $OUT_DIR:"
+  for part in main sft sglang sglkernel; do
+    f="$OUT_DIR/$part-site.tar.xz"
+    [ -f "$f" ] && say "  $(basename "$f"): $(mib "$(stat -c %s "$f")")"
+  done
+  say "  per device call (64 MiB with the ~1 MiB repo): SFT main+sft $(mib "$(size_of main sft)"), serving" \
+      "main+sglang(+sglkernel) $(mib "$(size_of main sglang)") ($(mib "$(size_of main sglang sglkernel)"))"
+  [ -f "$OUT_DIR/libero-site.tar.xz" ] && say "  with LIBERO (pack_libero.sh): main+sglang+libero" \
+      "$(mib "$(size_of main sglang libero)"), main+sglang+sglkernel+libero $(mib "$(size_of main sglang sglkernel libero)")"
+  return 0
+}
+
+# Sourcing defines the functions only (tests call strip_elf and friends on their own files).
+[ "${BASH_SOURCE[0]}" != "$0" ] || main "$@"

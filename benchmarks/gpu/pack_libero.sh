@@ -27,6 +27,10 @@
 # Needs: .venv-libero (for the asset list; its versions are the pins below), .venv (pillow), uv
 # (with a warm cache or PyPI). The asset list is cached in .devpkg/libero-assets-<suite>.json
 # (--relist rebuilds it, ~80 s).
+#
+# Packing never writes to a file it did not create: .venv-libero's scene files and the fetched wheels
+# are only read; every packed file is a new copy in a private temp folder, and textures are re-encoded
+# from those reads into new files there.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -86,9 +90,12 @@ trap 'rm -rf "$WORK"' EXIT
 DL="$WORK/dl" SITE="$WORK/site"
 mkdir -p "$SITE"
 say "fetching cp312 builds: ${PINS[*]}"
-uv pip install -q --target "$DL" --python-version 3.12 --python-platform x86_64-manylinux_2_28 --no-deps "${PINS[@]}"
+# --link-mode copy: uv's default hard-links its shared cache into --target, the same inodes every venv
+# built from that cache runs; nothing below writes into $DL, but then nothing could reach them if it did.
+uv pip install -q --target "$DL" --link-mode copy --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+  --no-deps "${PINS[@]}"
 
-# Code. cp -r (never links: uv hard-links its cache into --target, and textures are rewritten below).
+# Code. cp (new files in $SITE, never links), so the texture rewriting below only ever touches copies.
 copy_tree() {  # copy_tree <pkg dir under $DL> [find filters...]: files of a package into $SITE
   local pkg="$1"; shift
   (cd "$DL" && find "$pkg" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' "$@" -print0) \
