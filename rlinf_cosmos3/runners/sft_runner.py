@@ -38,6 +38,11 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
     try:
         cfg = load_sft_config(resolved)
         resolved = absolute_paths(resolved)
+        if cfg.data.latent_cache_dir:  # a cache made from other inputs fails here, before any rank starts
+            from rlinf_cosmos3.data.latent_cache import check_cache
+            from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
+
+            check_cache(cfg.data.latent_cache_dir, sft_latent_cache_key(cfg, on_gpu=cfg.cluster.use_gpus))
     except ConfigError as err:
         logger.error("invalid config: %s", err)
         return 2
@@ -49,7 +54,7 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
 
 
 _PATH_FIELDS = (("actor", "model", "model_path"), ("data", "dataset", "root"), ("data", "dataset", "stats_path"),
-                ("runner", "log_path"), ("runner", "resume_dir"))
+                ("data", "latent_cache_dir"), ("runner", "log_path"), ("runner", "resume_dir"))
 
 
 def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:

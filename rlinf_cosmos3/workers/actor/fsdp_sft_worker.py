@@ -4,47 +4,43 @@ Start-up never holds the whole transformer on one device: it is built on the met
 with :func:`parallelize`, then materialised shard by shard while rank 0 streams the weights in
 (``load_to_device: false`` semantics). The frozen VAE is a small per-rank replica.
 
-Randomness is made reproducible on purpose: the flow-matching noise of a sample depends only on
-``(seed, global step, dataset index)``, so resuming, or splitting the same global batch over a
-different number of ranks, draws the same noise.
+The optimizer step itself is :func:`rlinf_cosmos3.components.train_step.train_step` (also what the
+benchmarks time); its noise depends only on ``(seed, global step, dataset index)``, so resuming, or
+splitting the same global batch over a different number of ranks, draws the same noise. With
+``data.latent_cache_dir`` the frozen VAE runs once per sample (cache built on first use, by all ranks),
+and steps read latents instead of decoding videos.
 """
 
 from __future__ import annotations
 
 import resource
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
 from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.components.train_step import sample_generators, train_step
 from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
-from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples
+from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler, SamplerPosition
+from rlinf_cosmos3.models.cosmos3.configuration import (
+    policy_config_from_sft,
+    sft_latent_cache_key,
+    sft_vae_dtype,
+)
 from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
 from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize, precision_dtype
-from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy, PolicyConfig
+from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
 from rlinf_cosmos3.workers.actor.ema import PowerEMA
-from rlinf_cosmos3.workers.actor.optim import (
-    build_optimizer,
-    clip_grad_norm,
-    lambda_linear_schedule,
-    select_trainable,
-)
+from rlinf_cosmos3.workers.actor.optim import build_optimizer, lambda_linear_schedule, select_trainable
 
-_NOISE_SEED_STRIDE = 1_000_003
-
-
-def sample_generators(seed: int, global_step: int, indexes: torch.Tensor) -> list[torch.Generator]:
-    """One generator per sample, seeded from (run seed, step, dataset index): rank-split invariant."""
-    base = (seed * _NOISE_SEED_STRIDE + global_step) * _NOISE_SEED_STRIDE
-    return [torch.Generator().manual_seed(base + int(i)) for i in indexes.tolist()]
+__all__ = ["FSDPSFTWorker", "sample_generators"]
 
 
 class FSDPSFTWorker(Worker):
@@ -65,7 +61,7 @@ class FSDPSFTWorker(Worker):
         on_gpu = self.device.type == "cuda"
         torch.manual_seed(cfg.runner.seed + self.rank)
 
-        self.dataset = LiberoLeRobotDataset(cfg.data.dataset)
+        self.dataset: Dataset = LiberoLeRobotDataset(cfg.data.dataset)
         self.sampler = ResumableDistributedSampler(
             len(self.dataset), self.rank, self.world_size, seed=cfg.runner.seed
         )
@@ -73,22 +69,13 @@ class FSDPSFTWorker(Worker):
         self._loader_iter = None
 
         precision = model_cfg.precision if on_gpu else "fp32"
-        policy_cfg = PolicyConfig(
-            domain_name=model_cfg.domain_name,
-            action_horizon=model_cfg.action_horizon,
-            fps=float(model_cfg.fps),
-            canvas_height=model_cfg.canvas_height,
-            canvas_width=model_cfg.canvas_width,
-            loss_scale=model_cfg.loss_scale,
-            action_loss_weight=model_cfg.action_loss_weight,
-            precision=precision if precision != "fp32" else None,
-        )
+        policy_cfg = policy_config_from_sft(cfg, precision=precision)
         self.policy = Cosmos3Policy.from_pretrained(
             model_cfg.model_path,
             policy_cfg,
             device=self.device,
             transformer_on_meta=True,
-            vae_dtype=torch.bfloat16 if on_gpu else torch.float32,
+            vae_dtype=sft_vae_dtype(on_gpu),
         )
         # FSDP2 is also what applies mixed precision (bf16 compute over fp32 master weights), so one GPU
         # gets a one-rank mesh too; only a single fp32 process runs unsharded.
@@ -107,6 +94,8 @@ class FSDPSFTWorker(Worker):
         transformer = self.policy.transformer
         load_transformer_weights(transformer, model_cfg.model_path, device=self.device)
         transformer.train()
+        if cfg.data.latent_cache_dir:
+            self.dataset = self._latent_dataset(self.dataset)
 
         selection = select_trainable(transformer, model_cfg.keys_to_select)
         self.optimizer = build_optimizer(
@@ -138,6 +127,29 @@ class FSDPSFTWorker(Worker):
             "num_samples": len(self.dataset),
             "grad_accum_steps": self.grad_accum_steps,
         }
+
+    def _latent_dataset(self, source: LiberoLeRobotDataset) -> latent_cache.LatentCacheDataset:
+        """The latent cache of ``source`` (built now, by all ranks, if the directory holds none)."""
+        cfg, vae = self.cfg, self.policy.vae
+        key = sft_latent_cache_key(cfg, on_gpu=self.device.type == "cuda")
+        cache_dir = Path(cfg.data.latent_cache_dir)
+        if not latent_cache.check_cache(cache_dir, key):
+            self.logger.info("building the latent cache %s (%d samples over %d ranks)", cache_dir, len(source),
+                             self.world_size)
+
+            def encode(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+                latents, valid = self.policy.processor.encode_pixels(batch)
+                return latents.to(vae.dtype), valid  # the VAE's own precision: exact, half the bytes in bf16
+
+            latent_cache.build_cache(
+                source, encode, cache_dir, key, rank=self.rank, world_size=self.world_size,
+                barrier=dist.barrier if dist.is_initialized() else (lambda: None),
+                batch_size=self.policy.cfg.vae_batch_size, num_workers=cfg.data.num_workers, progress=True,
+            )
+        dataset = latent_cache.LatentCacheDataset(cache_dir)
+        if len(dataset) != len(source):
+            raise RuntimeError(f"latent cache {cache_dir} holds {len(dataset)} samples, the reader {len(source)}")
+        return dataset
 
     def _make_loader(self) -> DataLoader:
         workers = self.cfg.data.num_workers
@@ -175,40 +187,20 @@ class FSDPSFTWorker(Worker):
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over ``grad_accum_steps`` micro-batches; metrics averaged over ranks."""
-        t0 = time.perf_counter()
         optim_cfg = self.cfg.actor.optim
-        transformer = self.policy.transformer
-        sums = torch.zeros(3, dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        for _ in range(self.grad_accum_steps):
-            batch = self._next_batch()
-            generators = sample_generators(self.cfg.runner.seed, self.global_step, batch["index"])
-            loss, metrics = self.policy.sft_loss(batch, generators)
-            (loss / self.grad_accum_steps).backward()
-            sums += torch.tensor(
-                [float(metrics["loss"]), float(metrics["vision_loss"]), float(metrics["action_loss"])],
-                dtype=torch.float64,
-            )
-        grad_norm = clip_grad_norm(transformer, optim_cfg.clip_grad)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        result = train_step(
+            self.policy, self.optimizer, self._next_batch,
+            grad_accum_steps=self.grad_accum_steps, seed=self.cfg.runner.seed, global_step=self.global_step,
+            clip_grad=optim_cfg.clip_grad, scheduler=self.scheduler, ema=self.ema, synchronize=synchronize,
+        )
         self.global_step += 1
-        self.ema.update(self.global_step)
         self.consumed_samples += self.cfg.actor.global_batch_size
-
-        sums /= self.grad_accum_steps
-        if dist.is_initialized():  # on the rank's device: NCCL groups take no CPU tensors
-            sums = sums.to(self.device)
-            dist.all_reduce(sums)
-            sums = sums.cpu() / self.world_size
         return {
-            "loss": float(sums[0]),
-            "vision_loss": float(sums[1]),
-            "action_loss": float(sums[2]),
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "rank_step_time_s": time.perf_counter() - t0,
+            **result.metrics(),
+            "rank_step_time_s": result.forward_backward_s + result.optimizer_s,
+            "forward_backward_s": result.forward_backward_s,
+            "optimizer_s": result.optimizer_s,
             "peak_memory_gb": self._peak_memory_gb(),
         }
 

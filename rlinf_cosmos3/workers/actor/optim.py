@@ -161,14 +161,18 @@ def build_optimizer(
     lr_multipliers: Mapping[str, float] | None = None,
     *,
     disable_weight_decay_for_1d_params: bool = False,
+    implementation: str | None = None,
 ) -> torch.optim.AdamW:
     """AdamW over :func:`build_param_groups` (call :func:`select_trainable` first).
 
     cosmos-framework's LIBERO recipe uses its own ``FusedAdam`` with fp32 master weights; here the
     FSDP2 sharded parameters are already the fp32 (or as-trained) master copy, so
-    ``torch.optim.AdamW`` is the equivalent. The fused kernel is used when every parameter is on
-    CUDA, the ``foreach`` implementation otherwise (fused AdamW has no CPU path worth using).
+    ``torch.optim.AdamW`` is the equivalent. ``implementation`` None: the fused kernel when every
+    parameter is on CUDA, ``foreach`` otherwise (fused AdamW has no CPU path worth using); or name
+    ``"fused"`` / ``"foreach"`` (benchmarks compare them).
     """
+    if implementation not in (None, "fused", "foreach"):
+        raise ValueError(f"unknown AdamW implementation {implementation!r}; use 'fused' or 'foreach'")
     groups = build_param_groups(
         model,
         lr,
@@ -177,7 +181,8 @@ def build_optimizer(
         disable_weight_decay_for_1d_params=disable_weight_decay_for_1d_params,
     )
     all_params = [p for group in groups for p in group["params"]]
-    impl: dict[str, bool] = {"fused": True} if _on_cuda(all_params) else {"foreach": True}
+    implementation = implementation or ("fused" if _on_cuda(all_params) else "foreach")
+    impl: dict[str, bool] = {implementation: True}
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **impl)
 
 
