@@ -109,3 +109,13 @@ def test_task_language_matches_libero_for_every_task_of_every_suite() -> None:
     for suite, pairs in tasks.items():
         for name, language in pairs:
             assert task_language(name) == language, (suite, name)
+
+
+def test_init_state_ids_select_held_out_states() -> None:
+    cfg = EnvEvalConfig(task_ids=[0], init_state_ids=list(range(40, 50)), max_episode_steps=32).validate()
+    assert cfg.resolved_init_state_ids() == list(range(40, 50)) and cfg.num_episodes == 10
+    assert EnvEvalConfig(trials_per_task=3).resolved_init_state_ids() == [0, 1, 2]
+    for bad, match in (([], "distinct"), ([3, 3], "distinct"), ([49, 50], "out of range")):
+        with pytest.raises(ConfigError, match="env.eval.init_state_ids") as err:
+            EnvEvalConfig(init_state_ids=bad).validate()
+        assert match in str(err.value)

@@ -119,3 +119,15 @@ def test_bad_layouts_are_rejected() -> None:
         list_episodes([1], 0)
     with pytest.raises(ValueError, match="num_slots"):
         assign_episodes([], 0)
+
+
+def test_listed_init_states_select_exactly_those_episodes() -> None:
+    """Held-out init states (e.g. 40..49 of a policy trained on 0..39) are listed by id."""
+    episodes = list_episodes([0, 3], [40, 45, 49])
+    assert episodes == [Episode(0, 40), Episode(0, 45), Episode(0, 49), Episode(3, 40), Episode(3, 45),
+                        Episode(3, 49)]
+    assert list_episodes([1], 3) == list_episodes([1], [0, 1, 2])
+    with pytest.raises(ValueError, match="distinct"):
+        list_episodes([1], [4, 4])
+    with pytest.raises(ValueError, match="distinct"):
+        list_episodes([1], [])

@@ -8,7 +8,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from rlinf_cosmos3.config.sft import register_hydra_schema
 from rlinf_cosmos3.runners.sft_runner import run_sft
+
+register_hydra_schema()  # before Hydra composes: the YAMLs' defaults start from the typed schema
 
 
 @hydra.main(config_path="config", config_name="libero_sft_cosmos3_tiny", version_base=None)

@@ -240,3 +240,18 @@ def _local_gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+HYDRA_SCHEMA = "sft_schema"
+"""Name of :class:`SFTConfig` in Hydra's config store: the first entry of an SFT YAML's ``defaults``, so
+every field of the schema can be set from the command line and an unknown key is an error."""
+
+
+def register_hydra_schema() -> None:
+    """Put :class:`SFTConfig` into Hydra's config store (idempotent; done when this module is imported)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=HYDRA_SCHEMA, node=SFTConfig)
+
+
+register_hydra_schema()

@@ -245,9 +245,9 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
         logger.error("invalid config: %s", err)
         return 2
     env = cfg.env.eval
-    logger.info("evaluating %s: %d tasks x %d trials = %d episodes, cap %d steps (incl. %d settle), "
+    logger.info("evaluating %s: %d tasks x %d init states = %d episodes, cap %d steps (incl. %d settle), "
                 "%d envs = %d worker(s) x %d stage(s) x %d, backend %s",
-                env.suite, len(env.resolved_task_ids()), env.trials_per_task, env.num_episodes,
+                env.suite, len(env.resolved_task_ids()), len(env.resolved_init_state_ids()), env.num_episodes,
                 env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
                 cfg.rollout.pipeline_stage_num, env.envs_per_stage(cfg.rollout.pipeline_stage_num),
                 cfg.rollout.rollout_backend)

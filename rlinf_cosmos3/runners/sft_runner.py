@@ -42,7 +42,9 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
             from rlinf_cosmos3.data.latent_cache import check_cache
             from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
 
-            check_cache(cfg.data.latent_cache_dir, sft_latent_cache_key(cfg, on_gpu=cfg.cluster.use_gpus))
+            reuse = check_cache(cfg.data.latent_cache_dir, sft_latent_cache_key(cfg, on_gpu=cfg.cluster.use_gpus))
+            logger.info("latent cache %s: %s", cfg.data.latent_cache_dir,
+                        "reused" if reuse else "none yet: the ranks build it before the first step")
     except ConfigError as err:
         logger.error("invalid config: %s", err)
         return 2

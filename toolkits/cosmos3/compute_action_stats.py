@@ -1,7 +1,7 @@
 """Compute the quantile_rot action statistics of a LIBERO LeRobot v3 dataset.
 
     python toolkits/cosmos3/compute_action_stats.py --data DATASET_DIR --out STATS.json
-        [--chunk-length 16] [--seed 0] [--max-samples N] [--repo-id local/name]
+        [--chunk-length 16] [--seed 0] [--max-samples N] [--repo-id local/name] [--episodes 0-39]
 
 Reads the 7-D ``action`` column (gripper stored as g in [0, 1], 1 = open) of every episode,
 converts it to 10-D ``[dpos, rot6d, gripper]`` and writes ``{"metadata", "global", "global_raw"}``
@@ -25,6 +25,7 @@ from rlinf_cosmos3.actions.stats import (
     read_lerobot_episode_actions,
     write_action_stats,
 )
+from rlinf_cosmos3.id_lists import parse_id_list
 
 logger = logging.getLogger("compute_action_stats")
 
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repo-id", default=None, help="repo id to open the dataset with (default: local/<dir>)"
     )
+    parser.add_argument(
+        "--episodes", nargs="+", default=None,
+        help="only these episode indexes, as training reads them (data.dataset.episodes): ids or ranges, "
+             "e.g. '0-39' or '0 2 5' (default: all)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     # Never reach for the Hugging Face hub: a missing file must be an error, not a download.
@@ -52,8 +58,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         data = read_lerobot_episode_actions(args.data, repo_id=args.repo_id)
+        episodes = data.episodes
+        if args.episodes is not None:
+            wanted = set(parse_id_list(args.episodes, "--episodes"))
+            missing = sorted(wanted - set(data.episode_indices))
+            if missing:
+                raise ValueError(f"--episodes {missing} are not in the dataset ({len(data.episodes)} episodes)")
+            episodes = [ep for i, ep in zip(data.episode_indices, data.episodes, strict=True) if i in wanted]
         stats = compute_action_stats(
-            data.episodes,
+            episodes,
             chunk_length=args.chunk_length,
             max_samples=args.max_samples,
             seed=args.seed,

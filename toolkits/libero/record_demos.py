@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rlinf_cosmos3.demos.recorder import RecordConfig, per_task_summary, record_demos, success_rate
 from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, SUITE_MAX_STEPS
 
 logger = logging.getLogger("record_demos")
@@ -27,22 +28,10 @@ NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libe
 
 
 def _parse_ids(tokens: list[str], what: str) -> list[int]:
-    ids: list[int] = []
-    for token in tokens:
-        for part in token.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                if int(hi) < int(lo):
-                    raise argparse.ArgumentTypeError(f"{what}: empty range {part!r}")
-                ids.extend(range(int(lo), int(hi) + 1))
-            else:
-                ids.append(int(part))
-    if any(i < 0 for i in ids):
-        raise argparse.ArgumentTypeError(f"{what}: ids must be >= 0, got {ids}")
-    return list(dict.fromkeys(ids))
+    try:
+        return parse_id_list(tokens, what)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_init_states(tokens: list[str]) -> list[int]:

@@ -8,15 +8,17 @@ caption dropout), ``rectified_flow.py`` (``TrainTimeSampler``: how a training si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, LIBERO_DOMAIN_NAME, get_action_domain
 from rlinf_cosmos3.models.cosmos3.observation import CANVAS_HEIGHT, CANVAS_WIDTH, VIEW_POINT
 from rlinf_cosmos3.models.cosmos3.packed_attention import BACKENDS as ATTENTION_BACKENDS
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
+
+if TYPE_CHECKING:
+    from rlinf_cosmos3.config.sft import SFTConfig
 
 NUM_TRAIN_TIMESTEPS = 1000
 """Timestep = sigma x 1000 (``omni_mot_model.py`` L1808; the transformer's ``timestep_scale`` 0.001

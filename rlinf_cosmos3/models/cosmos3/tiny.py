@@ -101,6 +101,28 @@ PRESETS: dict[str, Preset] = {
         write_weights=True,
         description="2-layer, hidden-64 transformer and a narrow Wan2.2-layout VAE, random weights",
     ),
+    "small": Preset(
+        transformer={
+            "head_dim": 64,
+            "hidden_size": 256,
+            "intermediate_size": 768,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 4,
+            "latent_channel": 48,
+            "latent_patch_size": 2,
+            "patch_latent_dim": 192,
+            "rope_scaling": {"mrope_section": [12, 10, 10], "rope_type": "default"},  # Nano's split, halved
+            "action_gen": True,
+            "action_dim": 64,
+            "num_embodiment_domains": 32,
+            "vocab_size": TOKENIZER_VOCAB_SIZE,
+        },
+        vae={**_VAE_COMMON, "base_dim": 16, "decoder_base_dim": 16, "num_res_blocks": 1},
+        write_weights=True,
+        description="4-layer, hidden-256 transformer (7.85M) and the tiny preset's VAE: trains from scratch "
+                    "on one GPU in minutes (the learning proof)",
+    ),
     "nano": Preset(
         transformer={
             "head_dim": 128,

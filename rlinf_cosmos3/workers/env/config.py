@@ -35,6 +35,10 @@ class EnvEvalConfig:
     """Tasks to evaluate; None = every task of the suite."""
     trials_per_task: int = NUM_INIT_STATES
     """Episodes per task, one per LIBERO fixed init state ``0..trials_per_task-1`` (trial id = init state id)."""
+    init_state_ids: list[int] | None = None
+    """The init states to evaluate on every task instead of ``0..trials_per_task-1`` (e.g. held-out
+    states ``[40, ..., 49]`` of a policy trained on demonstrations from ``0..39``); overrides
+    ``trials_per_task``."""
     total_num_envs: int = 1
     """``E``: simulator processes over all env workers and pipeline stages."""
     num_workers: int = 1
@@ -65,9 +69,14 @@ class EnvEvalConfig:
     def resolved_task_ids(self) -> list[int]:
         return list(self.task_ids) if self.task_ids is not None else list(range(SUITE_NUM_TASKS[self.suite]))
 
+    def resolved_init_state_ids(self) -> list[int]:
+        if self.init_state_ids is not None:
+            return [int(i) for i in self.init_state_ids]
+        return list(range(self.trials_per_task))
+
     @property
     def num_episodes(self) -> int:
-        return len(self.resolved_task_ids()) * self.trials_per_task
+        return len(self.resolved_task_ids()) * len(self.resolved_init_state_ids())
 
     def envs_per_stage(self, pipeline_stage_num: int) -> int:
         """``E / (W * S)``: envs in one pipeline stage of one worker."""
@@ -90,6 +99,13 @@ class EnvEvalConfig:
                     f"use ids in 0..{num_tasks - 1}")
         require(1 <= self.trials_per_task <= NUM_INIT_STATES, f"{root}.trials_per_task",
                 f"must be in 1..{NUM_INIT_STATES} (LIBERO's fixed init states per task), got {self.trials_per_task}")
+        if self.init_state_ids is not None:
+            ids = list(self.init_state_ids)
+            require(len(ids) > 0 and len(set(ids)) == len(ids), f"{root}.init_state_ids",
+                    f"must list distinct init states, got {ids}", "leave it null to use trials_per_task")
+            bad = [i for i in ids if not 0 <= int(i) < NUM_INIT_STATES]
+            require(not bad, f"{root}.init_state_ids", f"{bad} out of range (LIBERO has {NUM_INIT_STATES} per task)",
+                    f"use ids in 0..{NUM_INIT_STATES - 1}")
         require(self.total_num_envs >= 1, f"{root}.total_num_envs", f"must be >= 1, got {self.total_num_envs}")
         require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")
         require(pipeline_stage_num >= 1, stage_field, f"must be >= 1, got {pipeline_stage_num}")

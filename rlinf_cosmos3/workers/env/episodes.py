@@ -36,13 +36,21 @@ class SlotAddress(NamedTuple):
     index: int
 
 
-def list_episodes(task_ids: Sequence[int], trials_per_task: int) -> list[Episode]:
-    """Every (task, init state ``0..trials_per_task-1``) pair, task-major, in a fixed order."""
-    if trials_per_task < 1:
-        raise ValueError(f"trials_per_task must be >= 1, got {trials_per_task}")
+def list_episodes(task_ids: Sequence[int], init_states: int | Sequence[int]) -> list[Episode]:
+    """Every (task, init state) pair, task-major, in a fixed order.
+
+    ``init_states``: a count N (the init states ``0..N-1``) or the init state ids themselves.
+    """
+    if isinstance(init_states, int):
+        if init_states < 1:
+            raise ValueError(f"trials_per_task must be >= 1, got {init_states}")
+        init_states = range(init_states)
+    ids = [int(i) for i in init_states]
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError(f"init state ids must be distinct and non-empty, got {ids}")
     if len(set(task_ids)) != len(task_ids):
         raise ValueError(f"duplicate task ids: {list(task_ids)}")
-    return [Episode(int(t), i) for t in task_ids for i in range(trials_per_task)]
+    return [Episode(int(t), i) for t in task_ids for i in ids]
 
 
 def assign_episodes(episodes: Sequence[Episode], num_slots: int) -> list[list[Episode]]:

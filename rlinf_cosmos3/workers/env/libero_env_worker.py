@@ -56,7 +56,7 @@ class LiberoEnvWorker(Worker):
             raise ValueError(f"config field 'env.eval.num_workers': is {cfg.num_workers} but the env worker group "
                              f"has {self.world_size} ranks (fix: start one LiberoEnvWorker rank per env worker)")
         self.num_stages = pipeline_stage_num
-        episodes = list_episodes(cfg.resolved_task_ids(), cfg.trials_per_task)
+        episodes = list_episodes(cfg.resolved_task_ids(), cfg.resolved_init_state_ids())
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
         self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)
                         for s in range(pipeline_stage_num)]
