@@ -139,8 +139,9 @@ class RolloutModelConfig:
         """Compare the model directory's training identity with these settings.
 
         Raises :class:`ConfigError` listing every mismatch (config field, configured and trained
-        value); returns the identity. A directory without one (converted from a checkpoint made
-        before identities were recorded) passes with a warning that nothing could be checked.
+        value); returns the identity. A directory without one (a base model, or converted from a
+        checkpoint saved before identities were recorded) passes with a warning that nothing could
+        be checked.
         """
         model_dir = Path(self.model_path)
         try:
@@ -149,7 +150,8 @@ class RolloutModelConfig:
             raise ConfigError(f"{root}.model_path", f"unreadable training identity: {err}",
                               "convert the checkpoint again with toolkits/cosmos3/convert_checkpoint.py") from err
         if trained is None:
-            logger.warning("'%s' has no %s (converted from a checkpoint made before identities were recorded): "
+            logger.warning("'%s' has no %s (a base model, or converted from a checkpoint saved before identities "
+                           "were recorded): "
                            "%s.* cannot be checked against the training; make sure fps, num_frames, "
                            "num_action_chunks, height, width, view_point, action_normalization, domain_name "
                            "and action_stats_path are the training's", model_dir, IDENTITY_FILE, root)
