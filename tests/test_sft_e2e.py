@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
 from rlinf_cosmos3.checkpoint import is_complete_checkpoint, load_full_weights
 from rlinf_cosmos3.checkpoint.layout import full_weights_path
+from rlinf_cosmos3.models.cosmos3.identity import file_sha256, read_identity
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.libero]
@@ -87,6 +88,12 @@ def test_straight_run_outputs(straight_run, sft_inputs) -> None:
     changed = [k for k, v in base.state_dict().items() if not torch.equal(v, weights[k].to(v.dtype))]
     assert changed, "training did not change any weight"
     assert full_weights_path(ckpts / "global_step_4", ema=True).is_file()
+    # every checkpoint carries the run's training identity, the stats file hashed
+    for step in ckpts.iterdir():
+        identity = read_identity(step)
+        assert identity is not None and identity.stats_sha256 == file_sha256(sft_inputs["stats"])
+        assert (identity.fps, identity.action_horizon, identity.num_frames, identity.canvas_height,
+                identity.canvas_width, identity.view_point) == (20, 16, 17, 192, 320, "concat_view")
 
 
 def test_resume_reproduces_straight_run(straight_run, sft_inputs, tmp_path) -> None:
@@ -133,6 +140,7 @@ def test_convert_checkpoint_round_trip(straight_run, sft_inputs, tmp_path) -> No
 
         loaded = Cosmos3OmniTransformer.from_pretrained(target / "transformer").state_dict()
         assert all(torch.equal(loaded[k], expected[k]) for k in expected), f"weights differ (ema={ema})"
+    assert read_identity(out) == read_identity(step) is not None  # the converter carries the identity
     index = json.loads((out / "model_index.json").read_text())
     assert index["_class_name"] == "Cosmos3OmniPipeline"
     assert (out / "vae").is_dir() and (out / "text_tokenizer").is_dir() and (out / "scheduler").is_dir()
@@ -158,6 +166,7 @@ def test_converted_model_is_served_and_hot_swapped_by_sglang(straight_run, sft_i
 
     converted = export_diffusers(full_weights_path(straight_run["ckpts"] / "global_step_4"), sft_inputs["model"],
                                  tmp_path / "converted")
+    assert read_identity(converted) is not None  # the served directory holds model_identity.json
     serving = SGLangConfig(num_servers=1, gpus_per_server=0, health_timeout_s=600, batching_max_size=2)
 
     def checksum(url: str) -> str:

@@ -4,6 +4,12 @@ The trained transformer replaces the base directory's ``transformer/``; every ot
 (VAE, tokenizer, scheduler, ``model_index.json``) is copied from the base unchanged. Unlike the
 reference's four-step route through cosmos-framework (strip prefixes, DCP, HF export, split),
 our checkpoints already hold diffusers' own state-dict keys, so this is one step.
+
+The training identity the SFT run wrote into the checkpoint (``global_step_<N>/model_identity.json``:
+fps, horizon, frames, canvas, view point, normalisation, stats hash, domain) goes to the root of the
+output, where evaluation checks its settings against it. A checkpoint made before identities were
+recorded converts with a warning, and the output has no identity (never the base's: a base
+directory's own ``model_identity.json`` is not copied).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from rlinf_cosmos3.checkpoint.layout import FULL_WEIGHTS, FULL_WEIGHTS_EMA
+from rlinf_cosmos3.checkpoint.layout import FULL_WEIGHTS, FULL_WEIGHTS_EMA, parse_step
 from rlinf_cosmos3.checkpoint.load import load_full_weights
+from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, read_identity, write_identity
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ def export_diffusers(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"'{out_dir}' exists; pass overwrite=True (--overwrite) to replace it")
+    identity = checkpoint_identity(full_weights)
     state = load_full_weights(resolve_weights_file(full_weights, use_ema), ema=use_ema)
     target = DTYPES[dtype]
     if target is not None:
@@ -63,8 +71,10 @@ def export_diffusers(
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(TRANSFORMER_DIR))
+        shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(TRANSFORMER_DIR, IDENTITY_FILE))
         transformer.save_pretrained(tmp / TRANSFORMER_DIR, safe_serialization=True, max_shard_size="5GB")
+        if identity is not None:
+            write_identity(tmp, identity)
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(out_dir, old)
@@ -83,6 +93,19 @@ def export_diffusers(
         out_dir,
     )
     return out_dir
+
+
+def checkpoint_identity(src: str | Path) -> ModelIdentity | None:
+    """The training identity of the checkpoint holding ``src`` (a ``global_step_<N>`` dir or a weights
+    file inside one); ``None``, with a warning, when it has none."""
+    src = Path(src).resolve()
+    step_dir = next((p for p in (src, *src.parents[:3]) if parse_step(p) is not None and p.is_dir()), None)
+    identity = read_identity(step_dir) if step_dir is not None else None
+    if identity is None:
+        where = f"checkpoint {step_dir}" if step_dir is not None else f"'{src}' (not inside a global_step_<N> dir)"
+        logger.warning("%s has no %s (made before identities were recorded?): the converted model gets none, so "
+                       "evaluation cannot check its settings against the training", where, IDENTITY_FILE)
+    return identity
 
 
 def resolve_weights_file(src: str | Path, use_ema: bool) -> Path:

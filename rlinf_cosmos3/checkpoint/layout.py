@@ -4,6 +4,7 @@
 <run_ckpt_dir>/
   global_step_<N>/                      complete checkpoint (only ever created by a rename)
     COMPLETE                            marker (JSON), written by rank 0 after every rank finished
+    model_identity.json                 the trained model's identity (extra file of the SFT runner)
     actor/
       model_state_dict/full_weights.pt      consolidated model state dict (export, weights_only-safe)
       model_state_dict/full_weights_ema.pt  consolidated fp32 EMA weights (when EMA is on)

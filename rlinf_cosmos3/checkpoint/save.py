@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from rlinf_cosmos3.checkpoint import _dist
 from rlinf_cosmos3.checkpoint.layout import (
+    ACTOR_DIR,
     COMPLETE_MARKER,
     DCP_DIR,
     SCHEDULER_FILE,
@@ -123,8 +124,10 @@ def _write_local(
     scheduler: LRScheduler | None,
     full_state: dict[str, torch.Tensor] | None,
     ema_full_state: dict[str, torch.Tensor] | None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> None:
-    """Files each rank writes alone: RNG on every rank; weights, scheduler and progress on rank 0."""
+    """Files each rank writes alone: RNG on every rank; weights, scheduler, progress and the
+    caller's extra files on rank 0."""
     rank = _dist.rank()
     path = rng_path(tmp, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,6 +143,19 @@ def _write_local(
     if scheduler is not None:
         torch.save(scheduler.state_dict(), actor / SCHEDULER_FILE)
     trainer_state.write(actor / TRAINER_STATE_FILE)
+    for name, text in (extra_files or {}).items():
+        with open(tmp / name, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _check_extra_files(extra_files: Mapping[str, str] | None) -> None:
+    """Extra files are plain names at the step directory's root that no checkpoint file uses."""
+    for name in extra_files or {}:
+        if Path(name).name != name or name in ("", ".", "..", COMPLETE_MARKER, ACTOR_DIR):
+            raise ValueError(f"extra checkpoint file {name!r} must be a plain file name other than "
+                             f"{COMPLETE_MARKER!r} and {ACTOR_DIR!r}")
 
 
 def save_checkpoint(
@@ -152,6 +168,7 @@ def save_checkpoint(
     *,
     overwrite: bool = False,
     save_full_weights: bool = True,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``<ckpt_dir>/global_step_<trainer_state.global_step>`` atomically; return its path.
 
@@ -161,8 +178,11 @@ def save_checkpoint(
     ``full_weights_ema.pt`` when ``ema`` is enabled, and the resume state — sharded model,
     optimizer and EMA shadow via torch.distributed.checkpoint, the scheduler, ``trainer_state``
     and every rank's RNG. Rank 0 holds the consolidated weights (and the fp32 EMA) in CPU memory
-    while writing them; pass ``save_full_weights=False`` to skip the export.
+    while writing them; pass ``save_full_weights=False`` to skip the export. ``extra_files``
+    (file name -> text) are written by rank 0 at the step directory's root inside the atomic save,
+    e.g. the model identity (``model_identity.json``) the converter carries to the served model.
     """
+    _check_extra_files(extra_files)
     started = time.monotonic()
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(trainer_state.global_step)
@@ -208,7 +228,8 @@ def save_checkpoint(
             if _dist.rank() != 0:
                 full_state = ema_full_state = None
 
-        write = functools.partial(_write_local, tmp, trainer_state, scheduler, full_state, ema_full_state)
+        write = functools.partial(_write_local, tmp, trainer_state, scheduler, full_state, ema_full_state,
+                                  extra_files)
         full_state = ema_full_state = None
         error = _capture(write, "write")
         del write  # frees rank 0's consolidated copies before the collective below

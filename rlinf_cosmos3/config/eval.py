@@ -1,8 +1,8 @@
 """The evaluation run config: ``cluster``, ``runner``, ``env.eval`` and ``rollout``; validated once.
 
 Mirrors the reference's ``libero_spatial_cosmos3_eval_sglang.yaml`` sections. ``validate_eval_config``
-checks everything (paths, stats file vs model settings, ``E % (W*S)``, chunking, GPUs) before a
-simulator or server starts.
+checks everything (paths, the converted model's training identity and the stats file vs the
+``rollout.model`` settings, ``E % (W*S)``, chunking, GPUs) before a simulator or server starts.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from rlinf_cosmos3.checkpoint.layout import step_dir_name
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
+from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
@@ -71,6 +72,19 @@ def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def training_identity(cfg: SFTConfig) -> ModelIdentity:
+    """What this run trains, written into every checkpoint: the model settings (validated against the
+    data), the caption framing of the composed canvas, and the stats file's hash."""
+    # The framing the policy composes its canvas for (PolicyConfig's default; SFT does not change it).
+    from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT
+
+    model, stats = cfg.actor.model, Path(cfg.data.dataset.stats_path)
+    return ModelIdentity(fps=model.fps, action_horizon=model.action_horizon, num_frames=model.num_frames,
+                         canvas_height=model.canvas_height, canvas_width=model.canvas_width, view_point=VIEW_POINT,
+                         normalization=model.action_normalization, stats_sha256=file_sha256(stats),
+                         domain_name=model.domain_name, stats_path=str(stats.resolve()))
+
+
 class SFTRunner:
     """Owns the cluster and the actor group for one run."""
 
@@ -78,6 +92,7 @@ class SFTRunner:
         self.cfg = cfg
         self.resolved = resolved
         self.tensorboard_dir = tensorboard_dir
+        self.identity = training_identity(cfg)
 
     def run(self) -> list[dict[str, float]]:
         """Train to ``runner.max_steps``; returns rank 0's metrics of every step run here."""
@@ -130,7 +145,7 @@ class SFTRunner:
                 if step % cfg.save_interval == 0 or step == cfg.max_steps:
                     writer.flush()
                     path = checkpoint_root(self.cfg) / step_dir_name(step)
-                    actors.call("save_checkpoint", str(path))
+                    actors.call("save_checkpoint", str(path), {IDENTITY_FILE: self.identity.to_json()})
                     logger.info("saved checkpoint %s", path)
         bar.close()
         return history

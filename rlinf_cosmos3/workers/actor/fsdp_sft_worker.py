@@ -211,8 +211,8 @@ class FSDPSFTWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, step_dir: str) -> str:
-        """Collective: write ``step_dir`` (``.../global_step_<N>``) atomically."""
+    def save_checkpoint(self, step_dir: str, extra_files: dict[str, str] | None = None) -> str:
+        """Collective: write ``step_dir`` (``.../global_step_<N>``) atomically, ``extra_files`` at its root."""
         step_dir_path = Path(step_dir)
         expected = f"global_step_{self.global_step}"
         if step_dir_path.name != expected:
@@ -227,7 +227,8 @@ class FSDPSFTWorker(Worker):
             sampler_state=self.sampler.position.to_dict(),
         )
         path = save_checkpoint(
-            step_dir_path.parent, self.policy.transformer, self.optimizer, state, self.scheduler, self.ema
+            step_dir_path.parent, self.policy.transformer, self.optimizer, state, self.scheduler, self.ema,
+            extra_files=extra_files,
         )
         return str(path)
 

@@ -1,14 +1,18 @@
 """The ``rollout.model``, ``rollout.sglang`` and ``rollout.embedded`` config sections.
 
-The model section holds what is part of a trained model's identity (stats file, normalisation
-method, fps, frame count, canvas size, inference steps): a mismatch with training silently ruins
-every action, so the stats file and method have no defaults and ``validate()`` cross-checks the
-stats file's metadata against the settings. The serving sections hold only deployment knobs.
+The model section holds what must match the trained model (stats file, normalisation method,
+fps, frame count, horizon, canvas size, view point, domain): a mismatch with training silently
+ruins every action, so the stats file and method have no defaults, and ``validate()`` compares
+the settings with the training identity the converted model carries (``model_identity.json``,
+:mod:`rlinf_cosmos3.models.cosmos3.identity`) and the stats file's own fps and chunk length
+metadata. ``num_inference_steps``, seed and guidance are sampling choices, not checked. The
+serving sections hold only deployment knobs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +20,17 @@ from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_path
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
+from rlinf_cosmos3.models.cosmos3.identity import (
+    IDENTITY_FILE,
+    IdentityError,
+    ModelIdentity,
+    compare_identities,
+    file_sha256,
+    read_identity,
+)
 from rlinf_cosmos3.paths import sglang_python
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_VIEW_POINT = "concat_view"
 """= ``rlinf_cosmos3.models.cosmos3.observation.VIEW_POINT`` (not imported: that module needs torch,
@@ -30,6 +44,12 @@ PRECISIONS = ("bf16", "fp32")
 TEMPORAL_COMPRESSION = 4
 # Spatial VAE factor (16) times the patch size (2) of Cosmos3's DiT.
 CANVAS_MULTIPLE = 16
+IDENTITY_CONFIG_FIELDS = {
+    "fps": "fps", "action_horizon": "num_action_chunks", "num_frames": "num_frames", "canvas_height": "height",
+    "canvas_width": "width", "view_point": "view_point", "normalization": "action_normalization",
+    "stats_sha256": "action_stats_path", "domain_name": "domain_name",
+}
+"""Training identity field -> the ``rollout.model`` field that must equal it."""
 
 
 @dataclass
@@ -78,6 +98,7 @@ class RolloutModelConfig:
                 f"unknown method '{self.action_normalization}'", f"use one of {list(SUPPORTED_METHODS)}")
         stats_path = require_path(self.action_stats_path if self.action_stats_path != "???" else None,
                                   f"{root}.action_stats_path", "action stats file", is_dir=False)
+        self.check_identity(root)
         self._check_stats(stats_path, root)
         try:
             domain = get_action_domain(self.domain_name)
@@ -105,6 +126,55 @@ class RolloutModelConfig:
         require(self.precision in PRECISIONS, f"{root}.precision", f"unknown precision '{self.precision}'",
                 f"use one of {list(PRECISIONS)}")
         return self
+
+    def identity(self) -> ModelIdentity:
+        """The training identity these settings serve (the configured stats file hashed as it is now)."""
+        return ModelIdentity(fps=self.fps, action_horizon=self.num_action_chunks, num_frames=self.num_frames,
+                             canvas_height=self.height, canvas_width=self.width, view_point=self.view_point,
+                             normalization=self.action_normalization,
+                             stats_sha256=file_sha256(self.action_stats_path), domain_name=self.domain_name,
+                             stats_path=str(self.action_stats_path))
+
+    def check_identity(self, root: str = "rollout.model") -> ModelIdentity | None:
+        """Compare the model directory's training identity with these settings.
+
+        Raises :class:`ConfigError` listing every mismatch (config field, configured and trained
+        value); returns the identity. A directory without one (a base model, or converted from a
+        checkpoint saved before identities were recorded) passes with a warning that nothing could
+        be checked.
+        """
+        model_dir = Path(self.model_path)
+        try:
+            trained = read_identity(model_dir)
+        except IdentityError as err:
+            raise ConfigError(f"{root}.model_path", f"unreadable training identity: {err}",
+                              "convert the checkpoint again with toolkits/cosmos3/convert_checkpoint.py") from err
+        if trained is None:
+            logger.warning("'%s' has no %s (a base model, or converted from a checkpoint saved before identities "
+                           "were recorded): "
+                           "%s.* cannot be checked against the training; make sure fps, num_frames, "
+                           "num_action_chunks, height, width, view_point, action_normalization, domain_name "
+                           "and action_stats_path are the training's", model_dir, IDENTITY_FILE, root)
+            return None
+        fields_ = {name: f"{root}.{field_name}" for name, field_name in IDENTITY_CONFIG_FIELDS.items()}
+        mismatches = compare_identities(trained, self.identity(), fields_)
+        if not mismatches:
+            return trained
+        problems, fixes = [], []
+        for m in mismatches:
+            if m.field == "stats_sha256":
+                where = f", then at '{trained.stats_path}'" if trained.stats_path else ""
+                problems.append(f"{m.config_field}='{self.action_stats_path}' has sha256 {m.configured_value} but "
+                                f"the model was trained with stats of sha256 {m.model_value}{where}")
+                fixes.append(f"point {m.config_field} at the stats file the model was trained with")
+            else:
+                problems.append(f"{m.config_field}={m.configured_value!r} but the model was trained with "
+                                f"{m.field}={m.model_value!r}")
+                fixes.append(f"set {m.config_field}={m.model_value}")
+        raise ConfigError(mismatches[0].config_field,
+                          f"the model in '{model_dir}' was trained with other settings ({IDENTITY_FILE}): "
+                          + "; ".join(problems),
+                          "; ".join(fixes) + "; or evaluate a model trained with these settings")
 
     def _check_stats(self, path: Path, root: str) -> None:
         """The stats file must be valid and computed with this fps and chunk length (when it says so)."""

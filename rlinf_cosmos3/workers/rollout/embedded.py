@@ -5,8 +5,11 @@ rank loads the pipeline on its device (bf16; fp32 on request — both measured t
 the tiny model) and serves the same payload dict the SGLang backend posts, so both see the same
 composed canvas, prompt, steps, fps, seed and guidance (1.0). Like SGLang's action endpoint it
 uses no system prompt (``use_system_prompt=False``). The pipeline takes one observation per call,
-so a batched payload is served image by image, each with a generator seeded from the payload's
-seed. The outputs are the same normalised ``[B, 16, 10]`` chunks the adapter de-normalises.
+so a batched payload is served image by image, observation ``i`` with its own generator seeded
+``seed + i`` (:func:`observation_seed`): two observations of one request never share their noise,
+the same request gives the same actions, and observation ``i`` gets what a one-observation request
+with seed ``seed + i`` gets. The outputs are the same normalised ``[B, 16, 10]`` chunks the adapter
+de-normalises.
 The numbers differ from SGLang's for the same seed (different noise draws and sampler code).
 """
 
@@ -28,6 +31,11 @@ if TYPE_CHECKING:
     from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 
 logger = logging.getLogger(__name__)
+
+
+def observation_seed(seed: int, index: int) -> int:
+    """Generator seed of observation ``index`` of a request with ``seed`` (index 0 keeps the request's)."""
+    return seed + index
 
 
 class EmbeddedPolicyWorker(Worker):
@@ -60,11 +68,11 @@ class EmbeddedPolicyWorker(Worker):
             raise ValueError(f"images are {images.shape[1]}x{images.shape[2]}, the request's canvas is "
                              f"{canvas[0]}x{canvas[1]}: compose them first (the SGLang path would crop)")
         chunks = []
-        for image, prompt in zip(images, prompts, strict=True):
+        for index, (image, prompt) in enumerate(zip(images, prompts, strict=True)):
             condition = policy_condition(image, domain_name=params["domain_name"],
                                          chunk_size=int(params["action_horizon"]),
                                          view_point=params["action_view_point"])
-            generator = torch.Generator(device=self.device).manual_seed(int(params["seed"]))
+            generator = torch.Generator(device=self.device).manual_seed(observation_seed(int(params["seed"]), index))
             with torch.inference_mode():
                 out = self.pipe(prompt=prompt, action=condition, num_inference_steps=int(params["num_inference_steps"]),
                                 fps=float(params["fps"]), guidance_scale=float(params["guidance_scale"]),

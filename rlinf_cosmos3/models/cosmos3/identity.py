@@ -1,0 +1,148 @@
+"""A trained policy's identity: the settings evaluation must reproduce exactly, declared once.
+
+A Cosmos3 policy trained at 20 fps, on a 192x320 side-by-side canvas framed as ``concat_view``,
+with 16-step chunks normalised by one stats file, gives wrong actions -- and no error -- when it is
+served with another fps, canvas, framing, horizon or stats file. So SFT writes this record into
+every checkpoint (``global_step_<N>/model_identity.json``), the converter copies it to the root of
+the diffusers directory, and evaluation compares it with its ``rollout.model.*`` settings before
+any server or simulator starts.
+
+``num_inference_steps``, the seed and the guidance scale are sampling choices made at serving
+time, not fixed by training, so they are not part of it.
+
+This module imports nothing heavy (no torch, diffusers or Ray): configs read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+IDENTITY_FILE = "model_identity.json"
+"""File name in a ``global_step_<N>/`` checkpoint directory and at the root of a converted model."""
+IDENTITY_FORMAT_VERSION = 1
+
+
+class IdentityError(ValueError):
+    """An identity file that cannot be read: corrupt, from a newer format, or with missing fields."""
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the model was trained with; every field but ``stats_path`` must match at serving time."""
+
+    fps: int
+    action_horizon: int
+    """Actions predicted per chunk (16 for LIBERO)."""
+    num_frames: int
+    """Video frames per sample: the conditioning frame plus one per action."""
+    canvas_height: int
+    canvas_width: int
+    view_point: str
+    """Framing sentence of the action caption (``concat_view``: main and wrist view side by side)."""
+    normalization: str
+    """Action normalisation method (``quantile_rot``)."""
+    stats_sha256: str
+    """SHA-256 of the action stats file's bytes: the same file, not just the same name."""
+    domain_name: str
+    """Embodiment domain of the action head (``libero``)."""
+    stats_path: str = ""
+    """Where the stats file was when the model was trained: a hint for error messages, never compared."""
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": IDENTITY_FORMAT_VERSION, **asdict(self)}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "identity") -> ModelIdentity:
+        """Parse and check an identity written by :meth:`to_json`; raises :class:`IdentityError`."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise IdentityError(f"{source} is not valid JSON: {err}") from err
+        if not isinstance(raw, dict):
+            raise IdentityError(f"{source} must hold a JSON object, got {type(raw).__name__}")
+        version = raw.pop("format_version", None)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise IdentityError(f"{source} has no integer format_version")
+        if version > IDENTITY_FORMAT_VERSION:
+            raise IdentityError(f"{source} has format_version {version}; this rlinf-cosmos3 reads up to "
+                                f"{IDENTITY_FORMAT_VERSION} (update rlinf-cosmos3)")
+        declared = get_type_hints(cls)
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [name for name in required if name not in raw]
+        unknown = sorted(set(raw) - set(declared))
+        if missing or unknown:
+            raise IdentityError(f"{source}: missing fields {missing}, unknown fields {unknown}")
+        for name, value in raw.items():
+            expected = declared[name]
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise IdentityError(f"{source}: field {name!r} must be {expected.__name__}, got {value!r}")
+        return cls(**raw)
+
+
+COMPARED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ModelIdentity) if f.name != "stats_path")
+
+
+@dataclass(frozen=True)
+class IdentityMismatch:
+    """One setting where the configured value differs from the trained one."""
+
+    field: str
+    """The :class:`ModelIdentity` field."""
+    model_value: Any
+    configured_value: Any
+    config_field: str
+    """The config field to change (e.g. ``rollout.model.fps``)."""
+
+
+def compare_identities(trained: ModelIdentity, configured: ModelIdentity,
+                       config_fields: Mapping[str, str]) -> list[IdentityMismatch]:
+    """Every compared field where ``configured`` differs from ``trained``, in declaration order.
+
+    ``config_fields`` maps each compared field to the config field that sets it.
+    """
+    missing = [name for name in COMPARED_FIELDS if name not in config_fields]
+    if missing:
+        raise KeyError(f"no config field given for identity fields {missing}")
+    return [IdentityMismatch(name, getattr(trained, name), getattr(configured, name), config_fields[name])
+            for name in COMPARED_FIELDS if getattr(trained, name) != getattr(configured, name)]
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def identity_path(directory: str | Path) -> Path:
+    return Path(directory) / IDENTITY_FILE
+
+
+def read_identity(directory: str | Path) -> ModelIdentity | None:
+    """The identity stored in a checkpoint or model directory; ``None`` when it has none."""
+    path = identity_path(directory)
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise IdentityError(f"cannot read {path}: {err}") from err
+    return ModelIdentity.from_json(text, source=str(path))
+
+
+def write_identity(directory: str | Path, identity: ModelIdentity) -> Path:
+    """Write ``directory/model_identity.json`` (flushed to disk; callers rename the directory into place)."""
+    path = identity_path(directory)
+    with open(path, "w") as fh:
+        fh.write(identity.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path

@@ -1,0 +1,64 @@
+"""The embedded backend's noise: each observation of a request draws its own, deterministically.
+
+The worker class runs in-process here (the code each Ray actor runs, without starting Ray), on the
+real tiny Cosmos3 diffusers pipeline on CPU (fp32: the faster CPU dtype), with payloads built by the
+real adapter.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlinf_cosmos3.actions import write_action_stats
+from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
+from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
+from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker, observation_seed
+
+Q01 = [-0.5, -1.0, 0.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0, 0.0]
+Q99 = [0.5, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 1.0]
+TASK = "pick up the black bowl"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cosmos3ActionAdapter, EmbeddedPolicyWorker]:
+    root: Path = tmp_path_factory.mktemp("embedded_noise")
+    model_dir = write_model_dir(root / "tiny", preset="tiny", seed=0)
+    block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
+    stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
+                               root / "stats.json")
+    cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                             action_normalization="quantile_rot", num_inference_steps=2, precision="fp32").validate()
+    return Cosmos3ActionAdapter(cfg, batching_max_size=4), EmbeddedPolicyWorker(str(model_dir), "fp32")
+
+
+def _payload(adapter: Cosmos3ActionAdapter, main: np.ndarray, wrist: np.ndarray, seed: int | None = None) -> dict:
+    (group,) = adapter.request_groups({"main_images": main, "wrist_images": wrist,
+                                       "task_descriptions": [TASK] * len(main)})
+    payload = adapter.build_request(group)
+    if seed is not None:
+        payload = copy.deepcopy(payload)
+        payload["parameters"]["seed"] = seed
+    return payload
+
+
+def test_each_observation_gets_its_own_deterministic_noise(served) -> None:
+    adapter, worker = served
+    rng = np.random.default_rng(0)
+    main = np.repeat(rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8), 2, axis=0)
+    wrist = np.repeat(rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8), 2, axis=0)
+    payload = _payload(adapter, main, wrist)  # two identical observations in one request
+    seed = payload["parameters"]["seed"]
+
+    actions = worker.generate(payload)
+    assert actions.shape == (2, 16, 10) and np.isfinite(actions).all()
+    assert not np.allclose(actions[0], actions[1]), "identical observations of one request shared their noise"
+    np.testing.assert_array_equal(worker.generate(payload), actions)  # the same request, the same actions
+    # observation 1 draws what a one-observation request with the derived seed draws
+    single = worker.generate(_payload(adapter, main[1:], wrist[1:], seed=observation_seed(seed, 1)))
+    np.testing.assert_array_equal(single[0], actions[1])
+    assert observation_seed(seed, 0) == seed != observation_seed(seed, 1)
