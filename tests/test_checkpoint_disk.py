@@ -197,6 +197,45 @@ def test_torch_short_write_is_a_full_disk_only_when_the_probe_confirms(tmp_path,
     assert _ckpt_listing(tmp_path) == []
 
 
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """Mount a real tmpfs of a given size (root only; skipped where mounting is not allowed)."""
+    mounted: list[Path] = []
+
+    def mount(size_bytes: int) -> Path:
+        point = tmp_path / f"fs{len(mounted)}"
+        point.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(point)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        # Lazy: the test still holds the failed writer's traceback (pytest.raises, log capture), hence its open file.
+        subprocess.run(["umount", "--lazy", str(point)], check=True)
+
+
+@pytest.mark.parametrize("room", ["none", "resume_state_only"])
+def test_a_really_full_filesystem_is_reported_as_such(tiny_model, small_filesystem, room) -> None:
+    """No fault injected: a real filesystem too small for the checkpoint. With no room, the sharded
+    write fails with ENOSPC; with room for the resume state only, torch's zip writer fails writing
+    full_weights.pt with its errno-less "unexpected pos" (the reported fault), confirmed by the probe."""
+    transformer = loading.load_transformer(tiny_model)
+    opt, sched, ema = _train_one_step(transformer, ema_enabled=True)
+    size = estimate_checkpoint_size(model_footprint(transformer), world_size=1, ema=True)
+    dcp_bytes = size.resume_model + size.resume_optimizer + size.resume_ema
+    ckpt = small_filesystem(2**20 if room == "none" else dcp_bytes + 2**20) / "checkpoints"
+    with pytest.raises(InsufficientSpaceError, match="filesystem is full") as info:
+        save_checkpoint(ckpt, transformer, opt, TrainerState(global_step=1), sched, ema)
+    message = str(info.value)
+    assert ("No space left on device" if room == "none" else "unexpected pos") in message
+    assert f"{size.total:,} bytes" in message and str(ckpt) in message
+    assert _ckpt_listing(ckpt) == []  # the temp dir is removed, nothing complete-looking is left
+
+
 def _toy_training(model: torch.nn.Module):
     select_trainable(model, ["layers", "llm2action"])
     opt = build_optimizer(model, 1e-2, 0.05)
