@@ -265,11 +265,13 @@ def save_checkpoint(
         _raise_if_any_failed(error, f"publish of {final.name}")
     except BaseException as err:
         full_disk = None
-        if isinstance(err, Exception):  # not for KeyboardInterrupt / SystemExit
-            full_disk = _full_disk_error(err, ckpt_dir, final, tmp, needed, int(plan["free"]))
-        if _dist.rank() == 0 and tmp.exists():
-            logger.warning("removing incomplete checkpoint %s", tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
+        try:  # diagnose before removing: the probe counts what the temp dir holds
+            if isinstance(err, Exception):  # not for KeyboardInterrupt / SystemExit
+                full_disk = _full_disk_error(err, ckpt_dir, final, tmp, needed, int(plan["free"]))
+        finally:
+            if _dist.rank() == 0 and tmp.exists():
+                logger.warning("removing incomplete checkpoint %s", tmp)
+                shutil.rmtree(tmp, ignore_errors=True)
         if full_disk is not None:
             raise full_disk from err
         raise
