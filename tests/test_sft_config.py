@@ -73,6 +73,7 @@ def test_gpus_requested_but_absent(paths) -> None:
         ("actor.model.precision=fp16", "actor.model.precision", "unknown precision"),
         ("actor.optim.lr_warmup_steps=100", "actor.optim.lr_warmup_steps", "must be in"),
         ("runner.resume_dir=/nonexistent/global_step_5", "runner.resume_dir", "not found"),
+        ("runner.max_checkpoints_to_keep=0", "runner.max_checkpoints_to_keep", "must be >= 1 or null"),
         ("+actor.model.bogus=1", "actor.model.bogus", "Key 'bogus' not in"),
     ],
 )

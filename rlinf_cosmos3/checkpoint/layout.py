@@ -13,6 +13,7 @@
       trainer_state.json                global step, data position, consumed samples
       rng/rank_<r>.pt                   per-rank RNG states
   global_step_<N>.tmp-<uuid>/           a save in progress or an interrupted one (never read)
+  global_step_<N>.old-<hex>/            a checkpoint being deleted or replaced (never read)
 ```
 
 A reader accepts a directory only if its name is exactly ``global_step_<N>`` and it holds the

@@ -6,6 +6,10 @@ Every rank calls :func:`save_checkpoint` with the same arguments. The save write
 :class:`CheckpointError` on all ranks and removes the temp dir; a killed process leaves only the
 temp dir, which readers ignore and the next save deletes. The checkpoint directory must be on a
 filesystem every rank sees (one node, or a shared filesystem across nodes).
+
+A write that fails because the filesystem is full (ENOSPC, or torch's errno-less "unexpected pos"
+once a free-space probe confirms it) raises :class:`InsufficientSpaceError` saying so, with the
+bytes this checkpoint needs and the bytes that were free.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 from torch.optim.lr_scheduler import LRScheduler
 
-from rlinf_cosmos3.checkpoint import _dist
+from rlinf_cosmos3.checkpoint import _dist, disk
+from rlinf_cosmos3.checkpoint.errors import CheckpointError, InsufficientSpaceError
 from rlinf_cosmos3.checkpoint.layout import (
     ACTOR_DIR,
     COMPLETE_MARKER,
@@ -43,6 +48,7 @@ from rlinf_cosmos3.checkpoint.layout import (
     step_dir_name,
 )
 from rlinf_cosmos3.checkpoint.rng import capture_rng_state
+from rlinf_cosmos3.checkpoint.size import CheckpointSize, estimate_checkpoint_size, model_footprint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
 from rlinf_cosmos3.workers.actor.ema import PowerEMA
 
@@ -50,9 +56,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; raised on every rank."""
+__all__ = ["CheckpointError", "InsufficientSpaceError", "save_checkpoint"]
 
 
 def _describe(err: BaseException) -> str:
@@ -83,6 +87,32 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _full_disk_error(
+    err: BaseException, ckpt_dir: Path, final: Path, tmp: Path, needed: CheckpointSize, free_at_start: int
+) -> InsufficientSpaceError | None:
+    """The error to raise instead of ``err`` if the save failed because the disk is full, else None.
+
+    An ENOSPC/EDQUOT errno (or its message) anywhere in ``err`` is proof. torch's zip writer reports
+    a short write with no errno ("unexpected pos ..."), so such text counts only if a probe confirms
+    that the rest of this checkpoint cannot fit: free bytes now < estimated size - bytes written.
+    """
+    cause = disk.full_disk_cause(err)
+    if cause is None:
+        return None
+    free_now = disk.free_bytes(ckpt_dir)
+    written = disk.used_bytes(tmp)
+    if not disk.is_proven_full(err) and free_now >= needed.total - written:
+        return None
+    return InsufficientSpaceError(
+        f"checkpoint {final.name} could not be written to {ckpt_dir}: its filesystem is full ({cause}). "
+        f"One checkpoint needs about {needed.describe()} = {needed.total:,} bytes; "
+        f"{free_at_start:,} bytes ({disk.format_bytes(free_at_start)}) were free when the save started, "
+        f"{free_now:,} are free now with {written:,} written. The incomplete {tmp.name} is removed and no "
+        "checkpoint was lost. Fix: free space on that filesystem, write checkpoints to a larger one "
+        "(SFT: runner.log_path) or keep fewer of them (SFT: runner.max_checkpoints_to_keep)."
+    )
 
 
 def _prepare(ckpt_dir: Path, final: Path, overwrite: bool) -> Path:
@@ -187,11 +217,18 @@ def save_checkpoint(
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(trainer_state.global_step)
     use_ema = ema is not None and ema.enabled
+    needed = estimate_checkpoint_size(
+        model_footprint(model),
+        world_size=_dist.world_size(),
+        ema=use_ema,
+        optimizer=optimizer is not None,
+        full_weights=save_full_weights,
+    )
 
-    plan: dict[str, str] = {}
+    plan: dict[str, Any] = {}
     if _dist.rank() == 0:
         try:
-            plan = {"tmp": str(_prepare(ckpt_dir, final, overwrite))}
+            plan = {"tmp": str(_prepare(ckpt_dir, final, overwrite)), "free": disk.free_bytes(ckpt_dir)}
         except Exception as err:
             logger.exception("cannot start checkpoint %s", final)
             plan = {"error": _describe(err)}
@@ -247,10 +284,17 @@ def save_checkpoint(
         }
         error = _capture(lambda: _publish(tmp, final, marker), "publish") if _dist.rank() == 0 else None
         _raise_if_any_failed(error, f"publish of {final.name}")
-    except BaseException:
-        if _dist.rank() == 0 and tmp.exists():
-            logger.warning("removing incomplete checkpoint %s", tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as err:
+        full_disk = None
+        try:  # diagnose before removing: the probe counts what the temp dir holds
+            if isinstance(err, Exception):  # not for KeyboardInterrupt / SystemExit
+                full_disk = _full_disk_error(err, ckpt_dir, final, tmp, needed, int(plan["free"]))
+        finally:
+            if _dist.rank() == 0 and tmp.exists():
+                logger.warning("removing incomplete checkpoint %s", tmp)
+                shutil.rmtree(tmp, ignore_errors=True)
+        if full_disk is not None:
+            raise full_disk from err
         raise
     logger.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
     return final

@@ -108,6 +108,11 @@ class RunnerConfig:
     log_interval: int = 10
     resume_dir: str | None = None
     """A ``.../checkpoints/global_step_<N>`` directory to continue from exactly."""
+    max_checkpoints_to_keep: int | None = None
+    """Keep only the newest K complete checkpoints of this run's checkpoint directory: after each
+    successful save the older ones are deleted (the ``resume_dir`` checkpoint never is). None keeps
+    all: deleting is irreversible and which intermediate steps matter (to evaluate, to restart from)
+    is the user's call; the start-up check warns when the checkpoints the run will keep do not fit."""
     seed: int = 42
 
 
@@ -187,6 +192,10 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(runner.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {runner.max_steps}")
     require(runner.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {runner.save_interval}")
     require(runner.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {runner.log_interval}")
+    keep = runner.max_checkpoints_to_keep
+    require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
+            f"must be >= 1 or null (keep all), got {keep}",
+            "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
     if runner.resume_dir:
         resume = require_path(runner.resume_dir, "runner.resume_dir", "checkpoint to resume", is_dir=True)
         require(resume.name.startswith("global_step_"), "runner.resume_dir",

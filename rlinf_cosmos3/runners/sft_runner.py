@@ -3,6 +3,9 @@
 The driver never touches the model. Ranks (:class:`FSDPSFTWorker` Ray actors) hold the FSDP2
 shards; each step the driver asks every rank for one optimizer step and logs rank 0's metrics
 (losses are already averaged over ranks there). Checkpoints are written by all ranks together.
+Before Ray starts, and before and after each save, the driver checks that the checkpoint directory
+can take the next checkpoint (:mod:`rlinf_cosmos3.runners.checkpoint_space`); after each save it
+deletes checkpoints beyond ``runner.max_checkpoints_to_keep``.
 """
 
 from __future__ import annotations
@@ -16,11 +19,21 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rlinf_cosmos3.checkpoint.layout import step_dir_name
-from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
+from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
+from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
+from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256
+from rlinf_cosmos3.runners.checkpoint_space import (
+    CheckpointPlan,
+    checkpoint_root,
+    plan_checkpoints,
+    preflight,
+    require_space_for_save,
+    save_steps,
+)
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
@@ -28,17 +41,16 @@ logger = logging.getLogger("rlinf_cosmos3.sft")
 RUN_LOG_NAME = "run_embodiment.log"
 
 
-def checkpoint_root(cfg: SFTConfig) -> Path:
-    """``<log_path>/<experiment_name>/checkpoints``: where ``global_step_<N>/`` directories go."""
-    return Path(cfg.runner.log_path) / cfg.runner.experiment_name / "checkpoints"
+__all__ = ["SFTRunner", "absolute_paths", "checkpoint_root", "run_sft"]
 
 
 def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
-    """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
+    """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config or too little disk)."""
     resolved, run_dir = start_run(raw_cfg, config_name, RUN_LOG_NAME)
     try:
         cfg = load_sft_config(resolved)
         resolved = absolute_paths(resolved)
+        cfg = load_sft_config(resolved)
         if cfg.data.latent_cache_dir:  # a cache made from other inputs fails here, before any rank starts
             from rlinf_cosmos3.data.latent_cache import check_cache
             from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
@@ -46,11 +58,18 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
             reuse = check_cache(cfg.data.latent_cache_dir, sft_latent_cache_key(cfg, on_gpu=cfg.cluster.use_gpus))
             logger.info("latent cache %s: %s", cfg.data.latent_cache_dir,
                         "reused" if reuse else "none yet: the ranks build it before the first step")
+        plan = preflight(cfg)  # before Ray, ranks or GPUs: a full disk refuses the run here
     except ConfigError as err:
         logger.error("invalid config: %s", err)
         return 2
-    cfg = load_sft_config(resolved)
-    SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard).run()
+    except InsufficientSpaceError as err:
+        logger.error("refusing to start: %s", err)
+        return 2
+    try:
+        SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard, plan=plan).run()
+    except InsufficientSpaceError as err:
+        logger.error("stopped: %s", err)
+        return 2
     logger.info("logs: %s | TensorBoard: tensorboard --logdir %s | checkpoints: %s",
                 run_dir.log_file, run_dir.tensorboard, checkpoint_root(cfg))
     return 0
@@ -88,11 +107,13 @@ def training_identity(cfg: SFTConfig) -> ModelIdentity:
 class SFTRunner:
     """Owns the cluster and the actor group for one run."""
 
-    def __init__(self, cfg: SFTConfig, resolved: dict[str, Any], tensorboard_dir: Path) -> None:
+    def __init__(self, cfg: SFTConfig, resolved: dict[str, Any], tensorboard_dir: Path,
+                 plan: CheckpointPlan | None = None) -> None:
         self.cfg = cfg
         self.resolved = resolved
         self.tensorboard_dir = tensorboard_dir
         self.identity = training_identity(cfg)
+        self.plan = plan or plan_checkpoints(cfg)
 
     def run(self) -> list[dict[str, float]]:
         """Train to ``runner.max_steps``; returns rank 0's metrics of every step run here."""
@@ -119,6 +140,9 @@ class SFTRunner:
                             f"{info['total_params']:,}", info["num_samples"], info["grad_accum_steps"])
                 if start:
                     logger.info("resumed from %s at global step %d", cfg.runner.resume_dir, start)
+                if info["trainable_params"] != self.plan.trainable_params:
+                    logger.warning("the ranks train %d parameters but the checkpoint size was estimated for %d",
+                                   info["trainable_params"], self.plan.trainable_params)
                 if start >= cfg.runner.max_steps:
                     logger.info("nothing to do: already at step %d >= runner.max_steps", start)
                     return history
@@ -144,8 +168,37 @@ class SFTRunner:
                                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
                 if step % cfg.save_interval == 0 or step == cfg.max_steps:
                     writer.flush()
-                    path = checkpoint_root(self.cfg) / step_dir_name(step)
-                    actors.call("save_checkpoint", str(path), {IDENTITY_FILE: self.identity.to_json()})
-                    logger.info("saved checkpoint %s", path)
+                    self._save(actors, step)
         bar.close()
         return history
+
+    def _save(self, actors: WorkerGroup, step: int) -> None:
+        """Save ``global_step_<step>``, apply retention, and make sure the next save will fit.
+
+        Checking right after a save means a disk that cannot take the next checkpoint stops the
+        run while nothing is lost, instead of ``save_interval`` steps later in the middle of a write.
+        """
+        cfg, size = self.cfg.runner, self.plan.size
+        root = checkpoint_root(self.cfg)
+        previous = latest_checkpoint(root) or (Path(cfg.resume_dir) if cfg.resume_dir else None)
+        lost = (f"The steps after {previous.name} are lost; continue with runner.resume_dir={previous}"
+                if previous else "This run has no checkpoint yet")
+        require_space_for_save(self.cfg, size, step, note=lost)
+        path = root / step_dir_name(step)
+        try:
+            actors.call("save_checkpoint", str(path), {IDENTITY_FILE: self.identity.to_json()})
+        except WorkerError as err:  # a write that found the disk full: say so, without a remote traceback
+            cause = getattr(err.cause, "cause", None)
+            if isinstance(cause, InsufficientSpaceError):
+                raise InsufficientSpaceError(f"actor rank {err.rank}: {cause} {lost}.") from err
+            raise
+        logger.info("saved checkpoint %s", path)
+        if cfg.max_checkpoints_to_keep is not None:
+            protect = [cfg.resume_dir] if cfg.resume_dir else []
+            prune_checkpoints(root, cfg.max_checkpoints_to_keep, protect=protect)
+        upcoming = save_steps(step, self.cfg)
+        if upcoming:
+            require_space_for_save(
+                self.cfg, size, upcoming[0],
+                note=f"Nothing is lost: {path} is complete; continue with runner.resume_dir={path}",
+            )
