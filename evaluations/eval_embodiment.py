@@ -8,7 +8,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from rlinf_cosmos3.config.eval import register_hydra_schema
 from rlinf_cosmos3.runners.eval_runner import run_eval
+
+register_hydra_schema()  # before Hydra composes: the YAMLs' defaults start from the typed schema
 
 
 @hydra.main(config_path="libero", config_name="libero_spatial_cosmos3_eval_tiny", version_base=None)

@@ -98,3 +98,18 @@ def _check_gpus(cfg: EvalConfig) -> None:
     available = torch.cuda.device_count()
     require(available >= needed, field_name, f"needs {needed} GPUs but this machine has {available}",
             "lower the server count, or set gpus_per_server/gpus_per_worker=0 to serve on CPU")
+
+
+HYDRA_SCHEMA = "eval_schema"
+"""Name of :class:`EvalConfig` in Hydra's config store: the first entry of an eval YAML's ``defaults``, so
+every field of the schema can be set from the command line and an unknown key is an error."""
+
+
+def register_hydra_schema() -> None:
+    """Put :class:`EvalConfig` into Hydra's config store (idempotent; done when this module is imported)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=HYDRA_SCHEMA, node=EvalConfig)
+
+
+register_hydra_schema()

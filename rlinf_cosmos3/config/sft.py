@@ -114,6 +114,10 @@ class RunnerConfig:
     all: deleting is irreversible and which intermediate steps matter (to evaluate, to restart from)
     is the user's call; the start-up check warns when the checkpoints the run will keep do not fit."""
     seed: int = 42
+    max_wall_time_s: float | None = None
+    """Stop cleanly once training has run this long (seconds from the first step): the step in progress
+    finishes, a checkpoint is saved and the run exits 0, naming the checkpoint to resume from (a batch
+    scheduler's time limit then costs nothing). None: no limit. The LR schedule is not shortened."""
 
 
 @dataclass
@@ -192,6 +196,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(runner.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {runner.max_steps}")
     require(runner.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {runner.save_interval}")
     require(runner.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {runner.log_interval}")
+    require(runner.max_wall_time_s is None or runner.max_wall_time_s > 0, "runner.max_wall_time_s",
+            f"must be > 0 or null, got {runner.max_wall_time_s}")
     keep = runner.max_checkpoints_to_keep
     require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
             f"must be >= 1 or null (keep all), got {keep}",

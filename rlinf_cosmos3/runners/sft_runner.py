@@ -153,6 +153,7 @@ class SFTRunner:
         cfg = self.cfg.runner
         history: list[dict[str, float]] = []
         bar = tqdm(total=cfg.max_steps, initial=start, desc="sft", unit="step", dynamic_ncols=True)
+        started = time.monotonic()
         with ScalarWriter(self.tensorboard_dir, prefix="train") as writer:
             for step in range(start + 1, cfg.max_steps + 1):
                 t0 = time.perf_counter()
@@ -166,9 +167,15 @@ class SFTRunner:
                 if step % cfg.log_interval == 0 or step == cfg.max_steps:
                     logger.info("step %d/%d %s", step, cfg.max_steps,
                                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-                if step % cfg.save_interval == 0 or step == cfg.max_steps:
+                out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - started >= cfg.max_wall_time_s
+                if step % cfg.save_interval == 0 or step == cfg.max_steps or out_of_time:
                     writer.flush()
                     self._save(actors, step)
+                if out_of_time and step < cfg.max_steps:
+                    logger.info("runner.max_wall_time_s=%g reached after step %d of %d: stopped; continue with "
+                                "runner.resume_dir=%s", cfg.max_wall_time_s, step, cfg.max_steps,
+                                checkpoint_root(self.cfg) / step_dir_name(step))
+                    break
         bar.close()
         return history
 

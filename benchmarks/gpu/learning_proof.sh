@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The learning proof: a Cosmos3 policy trained by this project succeeds in LIBERO. Only the project's own
+# entry points run, in order, on one GPU (one LIBERO task; docs/learning_proof.md):
+#
+#   record   toolkits/libero/record_demos.py: scripted demonstrations of libero_spatial task $LP_TASK on all 50
+#            init states, real simulator -> LeRobot v3 dataset (skipped when $WORK/demos exists)
+#   prepare  toolkits/cosmos3/compute_action_stats.py on the training episodes (init states $LP_TRAIN_STATES);
+#            toolkits/cosmos3/make_tiny_model.py --preset small (random init)
+#   train    bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small (latent cache in $WORK/latents)
+#   convert  toolkits/cosmos3/convert_checkpoint.py on the last checkpoint (EMA weights, bf16)
+#   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
+#            16 real LIBERO envs; init states 0..49 with policy seed 42, then the held-out states again with
+#            each seed of $LP_EXTRA_SEEDS
+#   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
+#            toolkits/plot_training.py -> $WORK/training_curves.png
+#
+#   bash benchmarks/gpu/learning_proof.sh WORK [PHASES]     # PHASES: comma list (default: all of the above)
+#
+# On the offline GPU device, source benchmarks/gpu/device_env.sh and benchmarks/gpu/libero_env.sh first (they
+# set PYTHONPATH, RLINF_COSMOS3_SGLANG_PYTHON and RLINF_COSMOS3_LIBERO_PYTHON); on a machine with the project's
+# three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
+#   LP_TASK (0)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (1500)  LP_SAVE_INTERVAL (250)
+#   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds)  LP_RECORD_ENVS (16)
+#   LP_EXTRA_SEEDS ("43 44")  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
+#   LP_EVAL_ARGS (extra Hydra overrides for eval)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+WORK="${1:?usage: $0 WORK [record,prepare,train,convert,eval,report]}"
+PHASES=",${2:-record,prepare,train,convert,eval,report},"
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+if [ -n "${RLINF_DEVICE_PYTHON:-}" ]; then PY="$RLINF_DEVICE_PYTHON"
+elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
+else PY="$(command -v python3)"; fi
+export PYTHON="$PY"  # run_vla_sft.sh / run_eval.sh use it
+
+TASK="${LP_TASK:-0}"
+TRAIN_STATES="${LP_TRAIN_STATES:-0-39}"
+HELD_OUT="${LP_HELD_OUT:-40-49}"
+STEPS="${LP_STEPS:-1500}"
+EXTRA_SEEDS="${LP_EXTRA_SEEDS:-43 44}"
+DEMOS="$WORK/demos"
+STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
+MODEL="$WORK/cosmos3_small"
+CONVERTED="$WORK/cosmos3_small_sft"
+LOGS="$WORK/logs"
+CKPTS="$WORK/sft/libero_sft_cosmos3_small/checkpoints"
+TIMES="$WORK/phase_times.txt"
+
+say() { echo "[learning_proof $(date +%H:%M:%S)] $*"; }
+phase() { case "$PHASES" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+timed() {  # timed NAME CMD...: run, append the wall time to $TIMES
+  local name="$1" t0; shift; t0=$(date +%s)
+  "$@"
+  echo "$name $(( $(date +%s) - t0 )) s" | tee -a "$TIMES"
+}
+hydra_list() { "$PY" -c "import sys; from rlinf_cosmos3.id_lists import parse_id_list; print('[' + ','.join(map(str, parse_id_list(sys.argv[1:], 'ids'))) + ']')" "$@"; }
+# Episode indexes of the dataset whose recorded init state is in the given list (meta/episodes keeps it).
+episodes_of_states() {
+  "$PY" - "$DEMOS" "$@" <<'EOF'
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from rlinf_cosmos3.id_lists import parse_id_list
+
+root, wanted = Path(sys.argv[1]), set(parse_id_list(sys.argv[2:], "init states"))
+rows = pq.ParquetDataset(sorted((root / "meta" / "episodes").rglob("*.parquet"))).read(
+    columns=["episode_index", "init_state_id", "success"]).to_pylist()
+print(",".join(str(r["episode_index"]) for r in sorted(rows, key=lambda r: r["episode_index"])
+               if r["init_state_id"] in wanted and r["success"]))
+EOF
+}
+
+if phase record && [ ! -f "$DEMOS/meta/info.json" ]; then
+  say "recording libero_spatial task $TASK, init states 0..49 -> $DEMOS"
+  timed record "$PY" toolkits/libero/record_demos.py --suite libero_spatial --task-ids "$TASK" --init-states 50 \
+    --out "$DEMOS" --repo-id local/learning_proof --num-envs "${LP_RECORD_ENVS:-16}" \
+    --summary-json "$WORK/record_summary.json" --no-progress
+fi
+
+TRAIN_EPISODES=""
+if phase prepare || phase train; then
+  TRAIN_EPISODES="$(episodes_of_states "$TRAIN_STATES")"
+  [ -n "$TRAIN_EPISODES" ] || { say "no successful demonstration of init states $TRAIN_STATES in $DEMOS"; exit 1; }
+  say "training episodes (init states $TRAIN_STATES): $TRAIN_EPISODES"
+fi
+if phase prepare; then
+  timed stats "$PY" toolkits/cosmos3/compute_action_stats.py --data "$DEMOS" --out "$STATS" --episodes "$TRAIN_EPISODES"
+  timed model "$PY" toolkits/cosmos3/make_tiny_model.py --preset small --out "$MODEL" --seed 0 --overwrite
+fi
+
+if phase train; then
+  say "SFT: $STEPS steps"
+  # shellcheck disable=SC2086
+  timed train bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small \
+    actor.model.model_path="$MODEL" data.dataset.root="$DEMOS" data.dataset.stats_path="$STATS" \
+    data.dataset.episodes="[$TRAIN_EPISODES]" data.latent_cache_dir="$WORK/latents" \
+    runner.log_path="$WORK/sft" runner.logs_dir="$LOGS/sft" runner.max_steps="$STEPS" \
+    runner.save_interval="${LP_SAVE_INTERVAL:-250}" runner.max_checkpoints_to_keep=2 \
+    runner.max_wall_time_s="${LP_MAX_TRAIN_S:-null}" actor.optim.total_training_steps="$STEPS" ${LP_SFT_ARGS:-}
+fi
+
+if phase convert; then
+  LAST=$(ls -d "$CKPTS"/global_step_* | sort -t_ -k3 -n | tail -1)
+  timed convert "$PY" toolkits/cosmos3/convert_checkpoint.py --src "$LAST" --base "$MODEL" --out "$CONVERTED" \
+    --use-ema-weights --dtype bf16 --overwrite
+fi
+
+run_eval() {  # run_eval NAME SEED STATES
+  # shellcheck disable=SC2086
+  timed "eval_$1" bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small \
+    rollout.model.model_path="$CONVERTED" rollout.model.action_stats_path="$STATS" rollout.model.seed="$2" \
+    env.eval.task_ids="[$TASK]" env.eval.init_state_ids="$(hydra_list "$3")" \
+    env.eval.total_num_envs="${LP_EVAL_ENVS:-16}" runner.logs_dir="$LOGS/eval_$1" \
+    ${LP_EVAL_ARGS:-}
+}
+if phase eval; then
+  run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}"
+  for seed in $EXTRA_SEEDS; do run_eval "held_out_seed$seed" "$seed" "$HELD_OUT"; done
+fi
+
+if phase report; then
+  groups=()
+  latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::'; }  # newest run directory under a logs dir
+  first=$(latest "$LOGS/eval_all_seed42")
+  if [ -n "$first" ]; then
+    groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
+  fi
+  for seed in $EXTRA_SEEDS; do
+    run=$(latest "$LOGS/eval_held_out_seed$seed")
+    [ -n "$run" ] && groups+=(--group held_out "$run")
+  done
+  [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report.json" "${groups[@]}"
+  sft_run=$(latest "$LOGS/sft")
+  [ -n "$sft_run" ] && "$PY" toolkits/plot_training.py "$sft_run" --out "$WORK/training_curves.png"
+  say "phase wall times:"; cat "$TIMES" 2>/dev/null || true
+fi
+say "done: $WORK"

@@ -1,0 +1,80 @@
+"""Success rates with Wilson 95 % intervals over groups of evaluated episodes, as one JSON file.
+
+    .venv/bin/python toolkits/eval/success_report.py --out report.json \\
+        --group trained logs/<eval run A>:0-39 --group held_out logs/<eval run A>:40-49 \\
+        --group held_out logs/<eval run B>
+
+Each ``--group NAME RUN[:INIT_STATES]`` adds the episodes of an eval run directory (its
+``results.jsonl``), optionally only those whose init state (trial id) is listed; a name given several
+times pools its runs (e.g. the same held-out states under other policy seeds). Prints a table per group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlinf_cosmos3.id_lists import parse_id_list
+from rlinf_cosmos3.tracking.success import overall, success_by_task
+
+
+def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``RUN_DIR[:IDS]`` -> its selected results rows and where they came from."""
+    run, _, ids = spec.partition(":")
+    path = Path(run) / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no results.jsonl in eval run '{run}'")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    wanted = set(parse_id_list([ids], "init states")) if ids else None
+    if wanted is not None:
+        rows = [r for r in rows if int(r["trial_id"]) in wanted]
+    return rows, {"run": str(Path(run).resolve()), "init_states": sorted(wanted) if wanted else "all",
+                  "episodes": len(rows)}
+
+
+def report(groups: list[tuple[str, str]]) -> dict[str, Any]:
+    """The JSON document: per group, per task and overall success (once and at end) with intervals."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for name, spec in groups:
+        rows, source = read_group(spec)
+        entry = pooled.setdefault(name, {"rows": [], "sources": []})
+        entry["rows"] += rows
+        entry["sources"].append(source)
+    out: dict[str, Any] = {}
+    for name, entry in pooled.items():
+        out[name] = {"sources": entry["sources"]}
+        for key in ("success_once", "success_at_end"):
+            tasks = success_by_task(entry["rows"], key)
+            out[name][key] = {"tasks": {str(t): r.to_dict() for t, r in tasks.items()},
+                              "overall": overall(tasks.values()).to_dict()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", nargs=2, action="append", metavar=("NAME", "RUN[:INIT_STATES]"), required=True)
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    args = parser.parse_args(argv)
+    try:
+        doc = report([tuple(g) for g in args.group])
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, entry in doc.items():
+        print(f"{name}: {sum(s['episodes'] for s in entry['sources'])} episodes")
+        for task, rate in entry["success_once"]["tasks"].items():
+            low, high = rate["ci95"]
+            print(f"  task {task}: success_once {rate['rate']:6.1%} [{low:5.1%}, {high:5.1%}] "
+                  f"({rate['successes']}/{rate['trials']})")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Training curves of an SFT run as a picture: loss, action loss, learning rate and grad norm vs step.
+
+    .venv/bin/python toolkits/plot_training.py logs/<timestamp>-<config> [--out curves.png]
+
+Reads the run's TensorBoard events (``<run>/tensorboard``, the ``train/*`` scalars the SFT driver
+writes) and draws a 2 x 2 figure (default: ``<run>/training_curves.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PANELS = (("train/loss", "loss", True), ("train/action_loss", "action loss", True),
+          ("train/lr", "learning rate", False), ("train/grad_norm", "grad norm (before clipping)", True))
+
+
+def read_scalars(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """Every ``train/*`` scalar of a run as (steps, values)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events_dir = run_dir / "tensorboard" if (run_dir / "tensorboard").is_dir() else run_dir
+    acc = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: ([e.step for e in acc.Scalars(tag)], [e.value for e in acc.Scalars(tag)])
+            for tag in acc.Tags()["scalars"]}
+
+
+def plot(run_dir: Path, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(run_dir)
+    if "train/loss" not in scalars:
+        raise ValueError(f"no train/loss scalars in {run_dir} (not an SFT run directory?)")
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    for ax, (tag, title, log_y) in zip(axes.flat, PANELS, strict=True):
+        steps, values = scalars.get(tag, ([], []))
+        ax.plot(steps, values, linewidth=1.0)
+        if tag == "train/loss" and "train/vision_loss" in scalars:
+            ax.plot(*scalars["train/vision_loss"], linewidth=0.8, alpha=0.7, label="vision")
+            ax.legend(["total", "vision (unscaled)"], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if log_y and values and min(values) > 0:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.suptitle(run_dir.name, fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="SFT run directory (logs/<timestamp>-<config>)")
+    parser.add_argument("--out", type=Path, help="PNG to write (default: <run_dir>/training_curves.png)")
+    args = parser.parse_args(argv)
+    try:
+        out = plot(args.run_dir, args.out or args.run_dir / "training_curves.png")
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
