@@ -17,8 +17,8 @@ layout set (inference, or a single sample), the stock processor runs unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -194,6 +194,36 @@ def install_packed_attention(transformer: nn.Module, backend: str = "auto") -> P
     processor = PackedDocumentAttnProcessor(backend)
     transformer.set_attn_processor(processor)
     return processor
+
+
+def checkpoint_in_packed_layout(function: Callable[..., Any], *args: Any) -> Any:
+    """A diffusers ``gradient_checkpointing_func``: non-reentrant ``torch.utils.checkpoint`` (diffusers'
+    default) whose recomputation in backward runs under the packed layout (and block masks) its forward saw.
+
+    :meth:`PackedDocumentAttnProcessor.packed` holds the layout only while the forward runs; without this a
+    checkpointed layer would recompute with the stock, unmasked attention in backward (a different
+    computation: ``CheckpointError``, or wrong gradients).
+    """
+    owner = getattr(function, "__self__", function)
+    modules = owner.modules() if isinstance(owner, nn.Module) else ()
+    processors = {id(p): p for m in modules if isinstance(p := getattr(m, "processor", None),
+                                                           PackedDocumentAttnProcessor) and p.layout is not None}
+    states = [(p, p.layout, p._masks) for p in processors.values()]
+    return torch.utils.checkpoint.checkpoint(
+        function, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _reentered(states))
+    )
+
+
+@contextmanager
+def _reentered(states: list[tuple[PackedDocumentAttnProcessor, DocumentLayout, dict]]) -> Iterator[None]:
+    saved = [(p, p.layout, p._masks) for p, _, _ in states]
+    for processor, layout, masks in states:
+        processor.layout, processor._masks = layout, masks
+    try:
+        yield
+    finally:
+        for processor, layout, masks in saved:
+            processor.layout, processor._masks = layout, masks
 
 
 def packed_processor_of(transformer: nn.Module) -> PackedDocumentAttnProcessor | None:

@@ -5,7 +5,8 @@
 1. activation checkpointing (optional): diffusers' own ``enable_gradient_checkpointing``, which
    wraps each decoder layer's call in non-reentrant ``torch.utils.checkpoint`` - per layer, like
    torchtitan's ``checkpoint_wrapper``, but without renaming parameters (checkpoint keys stay the
-   diffusers names);
+   diffusers names) - recomputing packed micro-batches under their packed layout
+   (:func:`~rlinf_cosmos3.models.cosmos3.packed_attention.checkpoint_in_packed_layout`);
 2. ``fully_shard`` on the modules diffusers keeps in fp32 (``_keep_in_fp32_modules``:
    ``time_embedder``) with an fp32 policy, so under bf16 training they compute in fp32 exactly as
    at inference;
@@ -27,6 +28,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from rlinf_cosmos3.models.cosmos3.packed_attention import checkpoint_in_packed_layout
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +80,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, cfg: ParallelizeConfi
     """
     transformer = _transformer_of(model)
     if cfg.activation_checkpointing:
-        transformer.enable_gradient_checkpointing()
+        transformer.enable_gradient_checkpointing(checkpoint_in_packed_layout)
     if cfg.compile_blocks:
         # Compile each block's forward in place: FSDP2's hooks stay outside the compiled code (as with
         # torchtitan's compiled-then-sharded blocks) and parameter names, hence checkpoints, loading
