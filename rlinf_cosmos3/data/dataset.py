@@ -35,12 +35,7 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10
 from rlinf_cosmos3.config.base import ConfigError
-from rlinf_cosmos3.data.checks import (
-    DatasetMismatchError,
-    check_dataset_layout,
-    check_episodes,
-    check_features,
-)
+from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
 
 logger = logging.getLogger(__name__)
@@ -55,10 +50,8 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         cfg.validate()
         self.cfg = cfg
         root = Path(cfg.root).expanduser()
-        check_dataset_layout(root)
+        check_dataset_info(cfg)  # the SFT driver ran these too; a reader opened on its own needs them
         meta = LeRobotDatasetMetadata(cfg.repo_id, root=root)
-        check_features(meta.fps, meta.features, cfg)
-        check_episodes(meta.total_episodes, meta.episodes.column_names, cfg)
         self.normalizer = _load_normalizer(cfg)
         episodes = _select_episodes(meta, cfg)
         _check_video_files(meta, root, episodes, cfg.image_keys)
@@ -76,8 +69,10 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         self._rows = _complete_chunk_rows(self._dataset, meta, cfg) if cfg.complete_chunks_only else None
         if len(self) == 0:
             raise DatasetMismatchError(
+                "complete_chunks_only",
                 f"no training sample: with complete_chunks_only every episode needs at least "
-                f"{max(cfg.num_frames, cfg.chunk_length)} frames"
+                f"{max(cfg.num_frames, cfg.chunk_length)} frames",
+                "set complete_chunks_only=false (padded windows, masked) or use longer episodes",
             )
         logger.info(
             "LIBERO dataset %s: %d episodes, %d samples (fps %d, %d frames, %d actions)",
@@ -154,7 +149,11 @@ def _select_episodes(meta: LeRobotDatasetMetadata, cfg: LiberoDataConfig) -> lis
         if bool(ok) and (candidates is None or int(ep) in candidates)
     )
     if not kept:
-        raise DatasetMismatchError("data.successful_only: no selected episode has success == True")
+        raise DatasetMismatchError(
+            "successful_only",
+            "data.successful_only: no selected episode has success == True",
+            "set successful_only=false or select episodes that succeeded",
+        )
     return kept
 
 
@@ -181,4 +180,8 @@ def _check_video_files(
                 continue
             path = root / meta.get_video_file_path(ep, key)
             if not path.is_file():
-                raise DatasetMismatchError(f"video file of episode {ep}, camera '{key}' is missing: '{path}'")
+                raise DatasetMismatchError(
+                    "root",
+                    f"video file of episode {ep}, camera '{key}' is missing: '{path}'",
+                    "copy the dataset's videos/ folder completely",
+                )
