@@ -4,10 +4,16 @@ lerobot's :class:`LeRobotDataset` does the reading (parquet rows, ``delta_timest
 video decoding with PyAV); this module only checks the dataset against the config, asks for the
 right windows, and turns the 7-D actions into the normalised 10-D actions the model learns.
 
+Cameras may be stored as ``video`` (MP4) or ``image`` (PNG frames in the parquet files, as
+``LeRobotDataset.create(..., use_videos=False)`` writes them). lerobot hands video frames back as
+uint8 (``return_uint8``) but image frames as float32 ``k / 255``; those are turned back into the
+stored uint8 values (exact: ``round(k / 255 * 255) == k`` in float32 for every k), so both layouts
+give the model the same pixels.
+
 Sample at frame ``t`` of an episode of ``T`` frames (defaults: 17 frames, 16 actions)::
 
     <camera>        uint8 [num_frames, 3, H, W]  RGB, channels first, frames t .. t+num_frames-1
-                    (the diffusers video layout; divide by 255 for [0, 1])
+                    (the diffusers video layout; divide by 255 for [0, 1]); video or image features
     frame_is_pad    bool  [num_frames]           True where t+k >= T
     actions         float32 [chunk_length, 10]   actions t .. t+chunk_length-1 as
                     [dpos(3), rot6d(6), gripper(1)], normalised (quantile_rot, global_raw stats)
@@ -92,7 +98,9 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
             raise IndexError(f"sample {idx} out of range for {len(self)} samples")
         item = self._dataset[int(self._rows[idx]) if self._rows is not None else idx]
         first_key = self.cfg.image_keys[0]
-        sample: dict[str, Any] = {name: item[key] for key, name in self._image_names.items()}
+        sample: dict[str, Any] = {
+            name: _frames_uint8(item[key], key) for key, name in self._image_names.items()
+        }
         sample["frame_is_pad"] = item[f"{first_key}_is_pad"]
         sample["actions"] = self._actions_10(item[ACTION_KEY])
         sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
@@ -106,6 +114,19 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers)."""
         a10 = actions_7_to_10(actions_7.numpy().astype(np.float64))
         return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32))
+
+
+def _frames_uint8(frames: torch.Tensor, key: str) -> torch.Tensor:
+    """Camera frames ``[T, 3, H, W]`` as the stored uint8 pixels, whichever way the camera is stored.
+
+    Video frames already come as uint8. Image frames come as float32 ``k / 255`` (lerobot's
+    ``ToTensor``); ``round(x * 255)`` gives back exactly ``k``.
+    """
+    if frames.dtype == torch.uint8:
+        return frames
+    if frames.is_floating_point():
+        return frames.mul(255.0).round_().to(torch.uint8)
+    raise TypeError(f"camera '{key}': lerobot returned frames of dtype {frames.dtype}, expected uint8 or float")
 
 
 def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
