@@ -127,6 +127,21 @@ def test_image_frames_are_the_stored_png_pixels(layouts, readers) -> None:
             assert torch.equal(s[name], expected), f"sample {i} {name}"
 
 
+def test_frames_equal_lerobots_own_float_frames_rounded(recorded_libero_dataset, layouts, readers) -> None:
+    """lerobot's own image path gives float32 k / 255: rounding x * 255 is exact and gives our frames and pads."""
+    deltas = [k / recorded_libero_dataset.fps for k in range(17)]
+    own = LeRobotDataset(recorded_libero_dataset.repo_id, root=layouts["image"], video_backend="pyav",
+                         delta_timestamps={MAIN: deltas, WRIST: deltas}, return_uint8=True)
+    image = readers["image"]
+    for i in (0, 40, len(image) - 3):
+        item, s = own[i], image[i]
+        for key, name in ((MAIN, "image"), (WRIST, "wrist_image")):
+            scaled = item[key] * 255
+            assert item[key].dtype == torch.float32 and float((scaled - scaled.round()).abs().max()) < 1e-4
+            assert torch.equal(scaled.round().to(torch.uint8), s[name]), f"sample {i} {name}"
+            assert torch.equal(item[f"{key}_is_pad"], s["frame_is_pad"])
+
+
 def test_sft_loss_is_the_same_on_both_layouts(readers, layouts) -> None:
     """A real SFT loss (tiny Cosmos3) on an image-feature batch runs and equals the video batch's."""
     policy = Cosmos3Policy.from_pretrained(write_model_dir(layouts["base"] / "tiny", preset="tiny", seed=0))

@@ -4,11 +4,11 @@ lerobot's :class:`LeRobotDataset` does the reading (parquet rows, ``delta_timest
 video decoding with PyAV); this module only checks the dataset against the config, asks for the
 right windows, and turns the 7-D actions into the normalised 10-D actions the model learns.
 
-Cameras may be stored as ``video`` (MP4) or ``image`` (PNG frames in the parquet files, as
-``LeRobotDataset.create(..., use_videos=False)`` writes them). lerobot hands video frames back as
-uint8 (``return_uint8``) but image frames as float32 ``k / 255``; those are turned back into the
-stored uint8 values (exact: ``round(k / 255 * 255) == k`` in float32 for every k), so both layouts
-give the model the same pixels.
+Cameras may be stored as ``video`` (MP4, decoded by lerobot, uint8 with ``return_uint8``) or as
+``image`` (PNG frames in the parquet rows, as ``LeRobotDataset.create(..., use_videos=False)``
+writes them; read by :class:`ImageFeatureWindows` straight to uint8, since lerobot's own path
+returns float32 ``k / 255`` and decodes every image column of every queried row). Either way the
+sample holds the stored uint8 pixels, so both layouts give the model the same input.
 
 Sample at frame ``t`` of an episode of ``T`` frames (defaults: 17 frames, 16 actions)::
 
@@ -43,6 +43,7 @@ from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
+from rlinf_cosmos3.data.image_frames import ImageFeatureWindows
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +64,17 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         _check_video_files(meta, root, episodes, cfg.image_keys)
 
         self._image_names = {key: image_output_name(key) for key in cfg.image_keys}
+        image_features = [key for key in cfg.image_keys if key in meta.image_keys]  # the rest are videos
         self._dataset = LeRobotDataset(
             cfg.repo_id,
             root=root,
             episodes=episodes,
-            delta_timestamps=_delta_timestamps(cfg),
+            delta_timestamps=_delta_timestamps(cfg, [k for k in cfg.image_keys if k not in image_features]),
             video_backend=VIDEO_BACKEND,
             return_uint8=True,
+        )
+        self._image_windows = (
+            ImageFeatureWindows(self._dataset, image_features, cfg.num_frames) if image_features else None
         )
         self.episodes = episodes if episodes is not None else list(range(meta.total_episodes))
         self._rows = _complete_chunk_rows(self._dataset, meta, cfg) if cfg.complete_chunks_only else None
@@ -97,11 +102,12 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         if not 0 <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for {len(self)} samples")
         item = self._dataset[int(self._rows[idx]) if self._rows is not None else idx]
-        first_key = self.cfg.image_keys[0]
-        sample: dict[str, Any] = {
-            name: _frames_uint8(item[key], key) for key, name in self._image_names.items()
-        }
-        sample["frame_is_pad"] = item[f"{first_key}_is_pad"]
+        if self._image_windows is not None:
+            frames, is_pad = self._image_windows(int(item["index"]), int(item["episode_index"]))
+            item.update(frames)
+            item.update({f"{key}_is_pad": is_pad for key in frames})
+        sample: dict[str, Any] = {name: _uint8(item[key], key) for key, name in self._image_names.items()}
+        sample["frame_is_pad"] = item[f"{self.cfg.image_keys[0]}_is_pad"]
         sample["actions"] = self._actions_10(item[ACTION_KEY])
         sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
         sample["state"] = item[STATE_KEY].to(torch.float32)
@@ -116,17 +122,11 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32))
 
 
-def _frames_uint8(frames: torch.Tensor, key: str) -> torch.Tensor:
-    """Camera frames ``[T, 3, H, W]`` as the stored uint8 pixels, whichever way the camera is stored.
-
-    Video frames already come as uint8. Image frames come as float32 ``k / 255`` (lerobot's
-    ``ToTensor``); ``round(x * 255)`` gives back exactly ``k``.
-    """
-    if frames.dtype == torch.uint8:
-        return frames
-    if frames.is_floating_point():
-        return frames.mul(255.0).round_().to(torch.uint8)
-    raise TypeError(f"camera '{key}': lerobot returned frames of dtype {frames.dtype}, expected uint8 or float")
+def _uint8(frames: torch.Tensor, key: str) -> torch.Tensor:
+    """Guard: the model takes uint8 frames; fail here, naming the camera, if lerobot changes that."""
+    if frames.dtype != torch.uint8:
+        raise TypeError(f"camera '{key}': frames of dtype {frames.dtype}, expected uint8")
+    return frames
 
 
 def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
@@ -151,9 +151,10 @@ def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
     return normalizer
 
 
-def _delta_timestamps(cfg: LiberoDataConfig) -> dict[str, list[float]]:
+def _delta_timestamps(cfg: LiberoDataConfig, video_keys: list[str]) -> dict[str, list[float]]:
+    """Windows lerobot cuts: the action chunk and the video cameras (image features: ImageFeatureWindows)."""
     frames = [k / cfg.fps for k in range(cfg.num_frames)]
-    deltas = {key: list(frames) for key in cfg.image_keys}
+    deltas = {key: list(frames) for key in video_keys}
     deltas[ACTION_KEY] = [k / cfg.fps for k in range(cfg.chunk_length)]
     return deltas
 
