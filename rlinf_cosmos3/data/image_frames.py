@@ -42,7 +42,7 @@ class ImageFeatureWindows:
         self._rows = hf.with_format("arrow", columns=self.keys)  # raw PNG bytes, nothing decoded
         # lerobot keeps reading every other column; it no longer decodes any image.
         hf.set_transform(hf_transform_to_torch, columns=[c for c in hf.column_names if c not in meta.image_keys])
-        index = np.asarray(hf.data.column("index").to_numpy(), dtype=np.int64)
+        index = hf.with_format("arrow", columns=["index"])[:].column("index").to_numpy().astype(np.int64)
         self._row_of = np.full(int(index.max()) + 1, -1, dtype=np.int64)  # dataset index -> row of hf
         self._row_of[index] = np.arange(len(index))
         episodes = meta.episodes.select_columns(["episode_index", "dataset_from_index", "dataset_to_index"])
