@@ -277,6 +277,6 @@ def test_cli_can_store_the_cameras_as_image_features(tmp_path) -> None:
     assert sample["wrist_image"].dtype == torch.uint8 and not sample["frame_is_pad"].any()
     table = pq.read_table(sorted((out / "data").rglob("*.parquet")), columns=[MAIN_IMAGE_KEY, "index"])
     first = table.sort_by("index").column(MAIN_IMAGE_KEY)[0].as_py()["bytes"]
-    stored = np.asarray(Image.open(io.BytesIO(first)).convert("RGB"))
+    stored = np.array(Image.open(io.BytesIO(first)).convert("RGB"))
     assert torch.equal(sample["image"][0], torch.from_numpy(stored).permute(2, 0, 1))
     assert float(sample["image"].float().std()) > 10  # a rendered scene, not a blank frame
