@@ -48,10 +48,11 @@ def _image(frame: int, episode: int, wrist: bool) -> np.ndarray:
 
 
 def _features(
-    image_keys: tuple[str, ...] = (MAIN, WRIST), action_dim: int = 7, state_dim: int = 8
+    image_keys: tuple[str, ...] = (MAIN, WRIST), action_dim: int = 7, state_dim: int = 8, use_videos: bool = True
 ) -> dict[str, dict]:
+    camera = "video" if use_videos else "image"
     feats: dict[str, dict] = {
-        key: {"dtype": "video", "shape": (SIZE, SIZE, 3), "names": ["height", "width", "channel"]}
+        key: {"dtype": camera, "shape": (SIZE, SIZE, 3), "names": ["height", "width", "channel"]}
         for key in image_keys
     }
     feats["observation.state"] = {"dtype": "float32", "shape": (state_dim,), "names": None}
@@ -66,9 +67,10 @@ def _write_dataset(
     states: list[np.ndarray],
     fps: int = FPS,
     image_keys: tuple[str, ...] = (MAIN, WRIST),
+    use_videos: bool = True,
 ) -> None:
-    feats = _features(image_keys, actions[0].shape[1], states[0].shape[1])
-    ds = LeRobotDataset.create("test/libero", fps=fps, features=feats, root=root, use_videos=True)
+    feats = _features(image_keys, actions[0].shape[1], states[0].shape[1], use_videos)
+    ds = LeRobotDataset.create("test/libero", fps=fps, features=feats, root=root, use_videos=use_videos)
     for ep, length in enumerate(lengths):
         for t in range(length):
             frame = {
@@ -254,6 +256,53 @@ def test_dataloader_with_two_workers(libero_data: dict) -> None:
     direct = ds[17]
     torch.testing.assert_close(last["actions"][1], direct["actions"])
     assert torch.equal(last["image"][1], direct["image"])
+
+
+@pytest.fixture(scope="module")
+def libero_image_data(libero_data: dict) -> dict:
+    """The same episodes with the cameras stored as PNG image features (``use_videos=False``)."""
+    root = libero_data["base"] / "image_dataset"
+    _write_dataset(root, EPISODE_LENGTHS, libero_data["actions"], libero_data["states"], use_videos=False)
+    return {**libero_data, "root": root}
+
+
+def _stored_window(episode: int, t: int, wrist: bool) -> torch.Tensor:
+    """The frames written for t .. t+16, the last one repeated past the episode end, as uint8 [17, 3, H, W]."""
+    last = EPISODE_LENGTHS[episode] - 1
+    frames = [_image(min(t + k, last), episode, wrist) for k in range(17)]
+    return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
+
+
+def test_image_features_give_the_stored_uint8_frames(libero_data: dict, libero_image_data: dict) -> None:
+    info = json.loads((libero_image_data["root"] / "meta" / "info.json").read_text())
+    assert info["features"][MAIN]["dtype"] == info["features"][WRIST]["dtype"] == "image"
+    images = LiberoLeRobotDataset(_cfg(libero_image_data))
+    videos = LiberoLeRobotDataset(_cfg(libero_data))
+    assert len(images) == len(videos) == sum(EPISODE_LENGTHS)
+    length = EPISODE_LENGTHS[0]
+    for ep, t in [(0, 0), (0, length - 16), (0, length - 1), (1, 4), (2, 5)]:
+        s = images[_row(ep, t)]
+        for name in ("image", "wrist_image"):
+            assert s[name].dtype == torch.uint8 and s[name].shape == (17, 3, SIZE, SIZE)
+            assert torch.equal(s[name], _stored_window(ep, t, wrist=name == "wrist_image"))  # PNG is lossless
+        expected_pad = [t + k >= EPISODE_LENGTHS[ep] for k in range(17)]
+        assert s["frame_is_pad"].tolist() == expected_pad
+        v = videos[_row(ep, t)]  # everything but the (lossy) video pixels is the same
+        assert list(s) == list(v)
+        for key in ("frame_is_pad", "actions", "action_is_pad", "state", "episode_index", "frame_index", "index"):
+            assert torch.equal(s[key], v[key]), key
+        assert s["prompt"] == v["prompt"] == TASKS[ep]
+
+
+def test_image_features_through_dataloader_workers(libero_image_data: dict) -> None:
+    ds = LiberoLeRobotDataset(_cfg(libero_image_data, episodes=[2], complete_chunks_only=True))
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_samples)
+    batches = list(loader)
+    assert sum(len(b["prompt"]) for b in batches) == len(ds) == EPISODE_LENGTHS[2] - 16
+    assert batches[0]["image"].dtype == torch.uint8 and batches[0]["image"].shape == (3, 17, 3, SIZE, SIZE)
+    for b in batches:
+        for j, t in enumerate(b["frame_index"].tolist()):
+            assert torch.equal(b["wrist_image"][j], _stored_window(2, t, wrist=True))
 
 
 def test_collate_stacks_tensors_and_lists_prompts() -> None:

@@ -243,3 +243,40 @@ def test_tasks_the_policy_cannot_do_are_skipped_not_faked(tmp_path) -> None:
     assert row["episodes"] == 0 and row["skipped"] == results[0].skipped
     assert success_rate(results) == 0.0
     assert json.loads((cfg.out / "meta" / "info.json").read_text())["total_episodes"] == 0
+
+
+@pytest.mark.slow
+def test_cli_can_store_the_cameras_as_image_features(tmp_path) -> None:
+    """``--camera-storage image``: PNG image features (no videos), and the training reader opens them."""
+    import io
+
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
+    from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset
+
+    out = tmp_path / "ds"
+    proc = subprocess.run(
+        [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "1",
+         "--max-steps", "20", "--keep-failed", "--camera-storage", "image", "--out", str(out),
+         "--repo-id", "local/images", "--no-progress"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((out / "meta" / "info.json").read_text())
+    for key in (MAIN_IMAGE_KEY, WRIST_IMAGE_KEY):
+        assert info["features"][key]["dtype"] == "image" and info["features"][key]["shape"] == [256, 256, 3]
+    assert info["video_path"] is None and not (out / "videos").exists()
+
+    stats = compute_action_stats(read_lerobot_episode_actions(out).episodes, metadata={"fps": 20})
+    reader = LiberoLeRobotDataset(LiberoDataConfig(root=str(out), stats_path=str(
+        write_action_stats(stats, tmp_path / "stats.json"))))
+    assert len(reader) == 20
+    sample = reader[0]
+    assert sample["image"].dtype == torch.uint8 and sample["image"].shape == (17, 3, 256, 256)
+    assert sample["wrist_image"].dtype == torch.uint8 and not sample["frame_is_pad"].any()
+    table = pq.read_table(sorted((out / "data").rglob("*.parquet")), columns=[MAIN_IMAGE_KEY, "index"])
+    first = table.sort_by("index").column(MAIN_IMAGE_KEY)[0].as_py()["bytes"]
+    stored = np.array(Image.open(io.BytesIO(first)).convert("RGB"))
+    assert torch.equal(sample["image"][0], torch.from_numpy(stored).permute(2, 0, 1))
+    assert float(sample["image"].float().std()) > 10  # a rendered scene, not a blank frame

@@ -1,9 +1,15 @@
 """The SFT configs compose with Hydra and every rule fails with a message naming field and fix."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_helpers import MAIN, WRIST, write_libero_like
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -12,7 +18,8 @@ from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import load_sft_config
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "examples" / "sft" / "config"
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "examples" / "sft" / "config"
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +30,7 @@ def paths(tmp_path_factory) -> dict[str, str]:
     episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
     stats = compute_action_stats(episodes, chunk_length=16, metadata={"fps": 20})
     stats_path = write_action_stats(stats, root / "stats.json")
-    dataset = root / "dataset"
-    dataset.mkdir()
+    dataset = write_libero_like(root / "dataset")  # a real LeRobot v3 dataset, cameras as images
     return {"model": str(model), "stats": str(stats_path), "data": str(dataset), "root": str(root)}
 
 
@@ -99,3 +105,95 @@ def test_stats_computed_at_other_fps_is_rejected(paths) -> None:
     other = write_action_stats(compute_action_stats(episodes, metadata={"fps": 10}), Path(paths["root"]) / "s10.json")
     with pytest.raises(ConfigError, match="computed with fps=10"):
         load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, f"data.dataset.stats_path={other}")))
+
+
+# ----------------------------------------------------------------------------- the dataset, from meta/info.json
+@pytest.fixture(scope="module")
+def datasets(paths) -> dict[str, Path]:
+    """Real LeRobot v3 datasets (lerobot's writer, or a copy whose meta/info.json was edited), one fault each."""
+    root = Path(paths["root"])
+    out = {
+        "video": write_libero_like(root / "video", cameras={MAIN: "video", WRIST: "video"}),
+        "no_wrist": write_libero_like(root / "no_wrist", cameras={MAIN: "image"}),
+        "no_action": write_libero_like(root / "no_action", action_dim=None),
+        "small_images": write_libero_like(root / "small_images", image_size=(128, 128)),
+        "array_camera": write_libero_like(root / "array_camera", cameras={MAIN: "image", WRIST: "uint8"}),
+        "empty": root / "empty",
+    }
+    out["empty"].mkdir()
+    for name, edit in (("fps10", lambda info: info.update(fps=10)),
+                       ("float_camera", lambda info: info["features"][WRIST].update(dtype="float32"))):
+        out[name] = root / name
+        shutil.copytree(paths["data"], out[name])
+        info_path = out[name] / "meta" / "info.json"
+        info = json.loads(info_path.read_text())
+        edit(info)
+        info_path.write_text(json.dumps(info, indent=4))
+    return out
+
+
+def test_image_and_video_cameras_are_both_accepted(paths, datasets) -> None:
+    info = json.loads((Path(paths["data"]) / "meta" / "info.json").read_text())
+    assert info["features"][MAIN]["dtype"] == "image"
+    load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths)))
+    load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, f"data.dataset.root={datasets['video']}")))
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "text"),
+    [
+        ("no_wrist", "data.dataset.image_keys", r"lacks feature\(s\) \['observation\.images\.wrist_image'\]"),
+        ("no_action", "data.dataset.root", r"lacks feature\(s\) \['action'\]"),
+        ("small_images", "data.dataset.image_size", r"128x128x3 \(HxWxC\), data\.image_size expects 256x256x3"),
+        ("array_camera", "data.dataset.image_keys", r"'observation\.images\.wrist_image' has dtype 'uint8'.*video or image"),
+        ("float_camera", "data.dataset.image_keys", r"'observation\.images\.wrist_image' has dtype 'float32'"),
+        ("fps10", "data.dataset.fps", r"dataset fps 10 != data\.fps 20"),
+        ("empty", "data.dataset.root", r"no LeRobot dataset.*info\.json"),
+    ],
+)
+def test_bad_datasets_are_config_errors(paths, datasets, name: str, field: str, text: str) -> None:
+    with pytest.raises(ConfigError, match=text) as err:
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, f"data.dataset.root={datasets[name]}")))
+    assert err.value.field == field
+    assert err.value.fix
+
+
+def test_episode_selection_is_checked_against_the_dataset(paths) -> None:
+    with pytest.raises(ConfigError, match=r"\[3\] do not exist.*episodes 0\.\.0") as err:
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "+data.dataset.episodes=[0,3]")))
+    assert err.value.field == "data.dataset.episodes"
+    with pytest.raises(ConfigError, match="no 'success' column") as err:
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "+data.dataset.successful_only=true")))
+    assert err.value.field == "data.dataset.successful_only"
+
+
+def test_dataset_checks_need_neither_torch_nor_lerobot(paths) -> None:
+    """The driver's dataset checks read meta/info.json only; importing them pulls in no training stack."""
+    code = (
+        "import sys\n"
+        "from rlinf_cosmos3.data.checks import check_dataset_info\n"
+        "from rlinf_cosmos3.data.config import LiberoDataConfig\n"
+        f"info = check_dataset_info(LiberoDataConfig(root={paths['data']!r}, stats_path='unused.json'))\n"
+        "print(info['features']['observation.images.image']['dtype'], "
+        "[m for m in ('torch', 'lerobot', 'datasets') if m in sys.modules])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["image", "[]"]
+
+
+@pytest.mark.slow
+def test_launcher_rejects_a_bad_dataset_before_ray_starts(paths, datasets, tmp_path) -> None:
+    """The real SFT launcher exits with 2 and names the field; the log shows no Ray start and no rank."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    overrides = _tiny(paths, f"data.dataset.root={datasets['no_wrist']}", f"runner.logs_dir={tmp_path / 'logs'}",
+                      f"runner.log_path={tmp_path / 'ckpts'}")
+    proc = subprocess.run(["bash", str(REPO / "examples/sft/run_vla_sft.sh"), "libero_sft_cosmos3_tiny", *overrides],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = list((tmp_path / "logs").iterdir())
+    log = (run_dir / "run_embodiment.log").read_text()
+    assert "config field 'data.dataset.image_keys'" in log and "observation.images.wrist_image" in log
+    assert "Ray " not in log and "starting" not in log
+    assert not (tmp_path / "ckpts").exists()

@@ -3,7 +3,8 @@
 Sections mirror the reference recipe (RLinf's ``libero_sft_cosmos3.yaml``): ``cluster``, ``runner``,
 ``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. ``validate_sft_config`` checks
 every cross-field rule (batch sizes divide, files exist, the stats file matches the data and model
-settings, GPUs requested exist) and raises :class:`ConfigError` naming the field and the fix.
+settings, the dataset's ``meta/info.json`` matches ``data.dataset``, GPUs requested exist) and
+raises :class:`ConfigError` naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
+from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import LiberoDataConfig
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
@@ -230,6 +232,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
                 f"{data_value!r} disagrees with the model setting {model_value!r}",
                 "training and evaluation must use the same value: make them equal")
     _check_stats_metadata(stats_path, data.fps, data.chunk_length)
+    _check_dataset(data)
 
     if check_gpus and cfg.cluster.use_gpus and cfg.cluster.address is None:
         available = _local_gpu_count()
@@ -249,6 +252,18 @@ def _check_stats_metadata(path: Path, fps: int, chunk_length: int) -> None:
             require(meta[key] == expected, "data.dataset.stats_path",
                     f"stats in '{path}' were computed with {key}={meta[key]} but the run uses {key}={expected}",
                     "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
+
+
+def _check_dataset(data: LiberoDataConfig) -> None:
+    """The dataset's ``meta/info.json`` against ``data.dataset`` (cameras, action/state, fps, episodes).
+
+    The reader's own checks, run here so that a wrong dataset stops the driver before Ray or any
+    rank starts, instead of failing in every rank or in the first training step.
+    """
+    try:
+        check_dataset_info(data)
+    except DatasetMismatchError as err:
+        raise ConfigError(f"data.dataset.{err.field}", err.problem, err.fix) from err
 
 
 def _local_gpu_count() -> int:

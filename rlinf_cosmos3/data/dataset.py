@@ -4,10 +4,16 @@ lerobot's :class:`LeRobotDataset` does the reading (parquet rows, ``delta_timest
 video decoding with PyAV); this module only checks the dataset against the config, asks for the
 right windows, and turns the 7-D actions into the normalised 10-D actions the model learns.
 
+Cameras may be stored as ``video`` (MP4, decoded by lerobot, uint8 with ``return_uint8``) or as
+``image`` (PNG frames in the parquet rows, as ``LeRobotDataset.create(..., use_videos=False)``
+writes them; read by :class:`ImageFeatureWindows` straight to uint8, since lerobot's own path
+returns float32 ``k / 255`` and decodes every image column of every queried row). Either way the
+sample holds the stored uint8 pixels, so both layouts give the model the same input.
+
 Sample at frame ``t`` of an episode of ``T`` frames (defaults: 17 frames, 16 actions)::
 
     <camera>        uint8 [num_frames, 3, H, W]  RGB, channels first, frames t .. t+num_frames-1
-                    (the diffusers video layout; divide by 255 for [0, 1])
+                    (the diffusers video layout; divide by 255 for [0, 1]); video or image features
     frame_is_pad    bool  [num_frames]           True where t+k >= T
     actions         float32 [chunk_length, 10]   actions t .. t+chunk_length-1 as
                     [dpos(3), rot6d(6), gripper(1)], normalised (quantile_rot, global_raw stats)
@@ -35,13 +41,9 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10
 from rlinf_cosmos3.config.base import ConfigError
-from rlinf_cosmos3.data.checks import (
-    DatasetMismatchError,
-    check_dataset_layout,
-    check_episodes,
-    check_features,
-)
+from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
+from rlinf_cosmos3.data.image_frames import ImageFeatureWindows
 
 logger = logging.getLogger(__name__)
 
@@ -55,29 +57,33 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         cfg.validate()
         self.cfg = cfg
         root = Path(cfg.root).expanduser()
-        check_dataset_layout(root)
+        check_dataset_info(cfg)  # the SFT driver ran these too; a reader opened on its own needs them
         meta = LeRobotDatasetMetadata(cfg.repo_id, root=root)
-        check_features(meta.fps, meta.features, cfg)
-        check_episodes(meta.total_episodes, meta.episodes.column_names, cfg)
         self.normalizer = _load_normalizer(cfg)
         episodes = _select_episodes(meta, cfg)
         _check_video_files(meta, root, episodes, cfg.image_keys)
 
         self._image_names = {key: image_output_name(key) for key in cfg.image_keys}
+        image_features = [key for key in cfg.image_keys if key in meta.image_keys]  # the rest are videos
         self._dataset = LeRobotDataset(
             cfg.repo_id,
             root=root,
             episodes=episodes,
-            delta_timestamps=_delta_timestamps(cfg),
+            delta_timestamps=_delta_timestamps(cfg, [k for k in cfg.image_keys if k not in image_features]),
             video_backend=VIDEO_BACKEND,
             return_uint8=True,
+        )
+        self._image_windows = (
+            ImageFeatureWindows(self._dataset, image_features, cfg.num_frames) if image_features else None
         )
         self.episodes = episodes if episodes is not None else list(range(meta.total_episodes))
         self._rows = _complete_chunk_rows(self._dataset, meta, cfg) if cfg.complete_chunks_only else None
         if len(self) == 0:
             raise DatasetMismatchError(
+                "complete_chunks_only",
                 f"no training sample: with complete_chunks_only every episode needs at least "
-                f"{max(cfg.num_frames, cfg.chunk_length)} frames"
+                f"{max(cfg.num_frames, cfg.chunk_length)} frames",
+                "set complete_chunks_only=false (padded windows, masked) or use longer episodes",
             )
         logger.info(
             "LIBERO dataset %s: %d episodes, %d samples (fps %d, %d frames, %d actions)",
@@ -96,9 +102,12 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         if not 0 <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for {len(self)} samples")
         item = self._dataset[int(self._rows[idx]) if self._rows is not None else idx]
-        first_key = self.cfg.image_keys[0]
-        sample: dict[str, Any] = {name: item[key] for key, name in self._image_names.items()}
-        sample["frame_is_pad"] = item[f"{first_key}_is_pad"]
+        if self._image_windows is not None:
+            frames, is_pad = self._image_windows(int(item["index"]), int(item["episode_index"]))
+            item.update(frames)
+            item.update({f"{key}_is_pad": is_pad for key in frames})
+        sample: dict[str, Any] = {name: _uint8(item[key], key) for key, name in self._image_names.items()}
+        sample["frame_is_pad"] = item[f"{self.cfg.image_keys[0]}_is_pad"]
         sample["actions"] = self._actions_10(item[ACTION_KEY])
         sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
         sample["state"] = item[STATE_KEY].to(torch.float32)
@@ -111,6 +120,13 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers)."""
         a10 = actions_7_to_10(actions_7.numpy().astype(np.float64))
         return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32))
+
+
+def _uint8(frames: torch.Tensor, key: str) -> torch.Tensor:
+    """Guard: the model takes uint8 frames; fail here, naming the camera, if lerobot changes that."""
+    if frames.dtype != torch.uint8:
+        raise TypeError(f"camera '{key}': frames of dtype {frames.dtype}, expected uint8")
+    return frames
 
 
 def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
@@ -135,9 +151,10 @@ def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
     return normalizer
 
 
-def _delta_timestamps(cfg: LiberoDataConfig) -> dict[str, list[float]]:
+def _delta_timestamps(cfg: LiberoDataConfig, video_keys: list[str]) -> dict[str, list[float]]:
+    """Windows lerobot cuts: the action chunk and the video cameras (image features: ImageFeatureWindows)."""
     frames = [k / cfg.fps for k in range(cfg.num_frames)]
-    deltas = {key: list(frames) for key in cfg.image_keys}
+    deltas = {key: list(frames) for key in video_keys}
     deltas[ACTION_KEY] = [k / cfg.fps for k in range(cfg.chunk_length)]
     return deltas
 
@@ -154,7 +171,11 @@ def _select_episodes(meta: LeRobotDatasetMetadata, cfg: LiberoDataConfig) -> lis
         if bool(ok) and (candidates is None or int(ep) in candidates)
     )
     if not kept:
-        raise DatasetMismatchError("data.successful_only: no selected episode has success == True")
+        raise DatasetMismatchError(
+            "successful_only",
+            "data.successful_only: no selected episode has success == True",
+            "set successful_only=false or select episodes that succeeded",
+        )
     return kept
 
 
@@ -181,4 +202,8 @@ def _check_video_files(
                 continue
             path = root / meta.get_video_file_path(ep, key)
             if not path.is_file():
-                raise DatasetMismatchError(f"video file of episode {ep}, camera '{key}' is missing: '{path}'")
+                raise DatasetMismatchError(
+                    "root",
+                    f"video file of episode {ep}, camera '{key}' is missing: '{path}'",
+                    "copy the dataset's videos/ folder completely",
+                )

@@ -1,7 +1,9 @@
 """Writes recorded LIBERO demonstrations as a LeRobot v3.0 dataset with lerobot's own writer.
 
-Layout matches NVIDIA's LIBERO LeRobot data: 20 fps, two 256x256 camera videos rotated 180°
-(``observation.images.image`` = agentview, ``observation.images.wrist_image``), an 8-D float32
+Layout matches NVIDIA's LIBERO LeRobot data: 20 fps, two 256x256 cameras rotated 180°
+(``observation.images.image`` = agentview, ``observation.images.wrist_image``), stored as MP4
+videos (``use_videos=True``, the default) or as lossless PNG image features in the parquet files
+(``use_videos=False``, as many public LIBERO conversions are), an 8-D float32
 ``observation.state`` (eef pos, eef axis-angle, gripper qpos x2) and a 7-D float32 ``action``
 (delta xyz, delta axis-angle as commanded, gripper g = (1 - a) / 2 with 1 = open).
 
@@ -47,12 +49,13 @@ EPISODE_FIELDS: dict[str, pa.DataType] = {
 }
 
 
-def demo_features(image_size: int = IMAGE_SIZE) -> dict[str, dict[str, Any]]:
-    """The lerobot feature spec of a demonstration dataset."""
-    video = {"dtype": "video", "shape": (image_size, image_size, 3), "names": ["height", "width", "channel"]}
+def demo_features(image_size: int = IMAGE_SIZE, use_videos: bool = True) -> dict[str, dict[str, Any]]:
+    """The lerobot feature spec of a demonstration dataset (cameras as ``video`` or ``image``)."""
+    camera = {"dtype": "video" if use_videos else "image", "shape": (image_size, image_size, 3),
+              "names": ["height", "width", "channel"]}
     return {
-        MAIN_IMAGE_KEY: dict(video),
-        WRIST_IMAGE_KEY: dict(video),
+        MAIN_IMAGE_KEY: dict(camera),
+        WRIST_IMAGE_KEY: dict(camera),
         STATE_KEY: {"dtype": "float32", "shape": (8,), "names": STATE_NAMES},
         ACTION_KEY: {"dtype": "float32", "shape": (7,), "names": ACTION_NAMES},
     }
@@ -83,7 +86,9 @@ class EpisodeRecord:
 class DemoDatasetWriter:
     """Thin layer over ``LeRobotDataset.create`` / ``add_frame`` / ``save_episode`` / ``finalize``."""
 
-    def __init__(self, root: str | Path, repo_id: str, fps: int = FPS, image_size: int = IMAGE_SIZE) -> None:
+    def __init__(self, root: str | Path, repo_id: str, fps: int = FPS, image_size: int = IMAGE_SIZE,
+                 use_videos: bool = True) -> None:
+        """``use_videos``: cameras as MP4 videos (True) or as PNG image features (False)."""
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         self.root = Path(root)
@@ -92,8 +97,8 @@ class DemoDatasetWriter:
         if self.root.exists():
             self.root.rmdir()  # lerobot creates the directory itself and refuses an existing one
         self.image_size = image_size
-        self._dataset = LeRobotDataset.create(repo_id, fps=fps, features=demo_features(image_size),
-                                              root=self.root, use_videos=True)
+        self._dataset = LeRobotDataset.create(repo_id, fps=fps, features=demo_features(image_size, use_videos),
+                                              root=self.root, use_videos=use_videos)
         self._records: dict[int, EpisodeRecord] = {}
         self._frames_in_episode = 0
         self._finalized = False

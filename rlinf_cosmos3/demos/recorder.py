@@ -30,6 +30,8 @@ from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS, suite
 
 logger = logging.getLogger(__name__)
 
+CAMERA_STORAGES = ("video", "image")
+
 
 @dataclass
 class RecordConfig:
@@ -47,6 +49,7 @@ class RecordConfig:
     num_envs: int = 1
     image_size: int = IMAGE_SIZE
     fps: int = FPS
+    camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def resolved_max_steps(self) -> int:
@@ -271,7 +274,10 @@ def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeR
     if not jobs:
         raise ValueError("nothing to record: no task ids or no init states")
     cfg.resolved_max_steps()
-    writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size)
+    if cfg.camera_storage not in CAMERA_STORAGES:
+        raise ValueError(f"camera_storage must be one of {list(CAMERA_STORAGES)}, got {cfg.camera_storage!r}")
+    writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size,
+                               use_videos=cfg.camera_storage == "video")
     procs: list[LiberoSimProcess] = []
     recorder = DemoRecorder(cfg, writer)
     try:

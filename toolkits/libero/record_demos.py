@@ -6,7 +6,9 @@
 ``--init-states``: one integer N means the first N of LIBERO's fixed init states (0..N-1); ids are
 given as a list (``0 3 7`` or ``0,3,7``) or ranges (``10-19``); a lone id is written ``7,``.
 ``--task-ids`` takes ids, lists, ranges or ``all``. Episodes that fail are dropped unless
-``--keep-failed``; success always comes from the simulator's check_success. See docs/simulator.md.
+``--keep-failed``; success always comes from the simulator's check_success. ``--camera-storage``
+stores the cameras as MP4 videos (``video``, default) or as PNG image features (``image``); the
+training reader takes both. See docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import signal
 import sys
 from pathlib import Path
 
-from rlinf_cosmos3.demos.recorder import RecordConfig, per_task_summary, record_demos, success_rate
+from rlinf_cosmos3.demos.recorder import (
+    CAMERA_STORAGES,
+    RecordConfig,
+    per_task_summary,
+    record_demos,
+    success_rate,
+)
 from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
 from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, SUITE_MAX_STEPS
@@ -62,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unrecorded no-op steps after each reset (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="dataset root (must not exist or be empty)")
     p.add_argument("--repo-id", default="local/libero_demos")
+    p.add_argument("--camera-storage", choices=CAMERA_STORAGES, default="video",
+                   help="cameras as MP4 videos or as lossless PNG image features (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-failed", action="store_true", help="also keep episodes that did not succeed")
     p.add_argument("--num-envs", type=int, default=1, help="simulator processes stepping in parallel")
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_failed=args.keep_failed,
         num_envs=args.num_envs,
         policy=PolicyConfig(noise_std=args.action_noise),
+        camera_storage=args.camera_storage,
     )
     # Ctrl-C / SIGINT stops the recording and keeps what was saved, also when this was started as a
     # background job (shells start those with SIGINT ignored, and Python then installs no handler).
