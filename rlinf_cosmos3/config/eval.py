@@ -13,8 +13,8 @@ from typing import Any
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import load_structured, require
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.rollout.backend import BACKENDS
 from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.factory import BACKENDS
 
 
 @dataclass

@@ -16,9 +16,9 @@ from pathlib import Path
 from rlinf_cosmos3.checkpoint import disk
 from rlinf_cosmos3.checkpoint.layout import list_checkpoints, parse_step, step_dir_name
 from rlinf_cosmos3.checkpoint.size import CheckpointSize, estimate_checkpoint_size, model_footprint
+from rlinf_cosmos3.components.optim import select_trainable
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig
-from rlinf_cosmos3.workers.actor.optim import select_trainable
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 

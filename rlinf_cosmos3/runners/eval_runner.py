@@ -30,7 +30,8 @@ from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
+from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
+from rlinf_cosmos3.workers.rollout.factory import make_backend
 
 logger = logging.getLogger("rlinf_cosmos3.eval")
 

@@ -1,4 +1,7 @@
-"""Per-suite facts shared by demonstration recording and evaluation (DESIGN.md section 3)."""
+"""Per-suite facts shared by demonstration recording and evaluation.
+
+The one home of these conventions (docs/architecture.md, "Where each convention lives").
+"""
 
 from __future__ import annotations
 
