@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cosmos3.demos.checks import check_record_config
 from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE, DemoDatasetWriter, EpisodeRecord
 from rlinf_cosmos3.demos.scripted_policy import PolicyConfig, ScriptedPickPlace, UnsupportedTaskError
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
@@ -270,12 +271,10 @@ def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeR
     """
     from tqdm import tqdm
 
+    # Every input, before the writer creates the output and before a simulator starts: a bad one
+    # leaves no partial dataset that the corrected run would refuse as a non-empty out.
+    check_record_config(cfg, CAMERA_STORAGES)
     jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids)
-    if not jobs:
-        raise ValueError("nothing to record: no task ids or no init states")
-    cfg.resolved_max_steps()
-    if cfg.camera_storage not in CAMERA_STORAGES:
-        raise ValueError(f"camera_storage must be one of {list(CAMERA_STORAGES)}, got {cfg.camera_storage!r}")
     writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size,
                                use_videos=cfg.camera_storage == "video")
     procs: list[LiberoSimProcess] = []
