@@ -101,7 +101,7 @@ def test_importing_the_identity_pulls_in_nothing_heavy() -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def trained(recorded_libero_dataset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny model, its SFT config, and two real checkpoints of it: with and without an identity."""
     import torch
     from diffusers import Cosmos3OmniTransformer
@@ -115,10 +115,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("identity")
     model = write_model_dir(root / "tiny", preset="tiny", seed=0)
     stats = write_action_stats(_stats(), root / "stats.json")
-    (root / "dataset").mkdir()
     with initialize_config_dir(config_dir=str(REPO / "examples/sft/config"), version_base=None):
         raw = compose("libero_sft_cosmos3_tiny", overrides=[
-            f"actor.model.model_path={model}", f"data.dataset.root={root / 'dataset'}",
+            f"actor.model.model_path={model}", f"data.dataset.root={recorded_libero_dataset.root}",
             f"data.dataset.stats_path={stats}"])
     cfg = load_sft_config(raw, check_gpus=False)
     identity = SFTRunner(cfg, {}, tensorboard_dir=root / "tb").identity  # what the runner saves each checkpoint with

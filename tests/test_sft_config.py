@@ -160,10 +160,10 @@ def test_bad_datasets_are_config_errors(paths, datasets, name: str, field: str, 
 
 def test_episode_selection_is_checked_against_the_dataset(paths) -> None:
     with pytest.raises(ConfigError, match=r"\[3\] do not exist.*episodes 0\.\.0") as err:
-        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "+data.dataset.episodes=[0,3]")))
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "data.dataset.episodes=[0,3]")))
     assert err.value.field == "data.dataset.episodes"
     with pytest.raises(ConfigError, match="no 'success' column") as err:
-        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "+data.dataset.successful_only=true")))
+        load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths, "data.dataset.successful_only=true")))
     assert err.value.field == "data.dataset.successful_only"
 
 

@@ -110,17 +110,16 @@ def test_retention_and_a_disk_that_fills_up_mid_run(sft_inputs, tmp_path, monkey
 
 
 @pytest.fixture(scope="module")
-def cfg_inputs(tmp_path_factory) -> dict[str, Path]:
-    """A tiny model and a stats file; config validation needs the dataset directory only to exist."""
+def cfg_inputs(recorded_libero_dataset, tmp_path_factory) -> dict[str, Path]:
+    """A tiny model, a stats file and the session's recorded dataset (validation reads its meta/info.json)."""
     import numpy as np
 
     root = tmp_path_factory.mktemp("preflight")
     rng = np.random.default_rng(0)
     episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    (root / "dataset").mkdir()
     return {"model": write_model_dir(root / "model", preset="tiny", seed=0),
             "stats": write_action_stats(compute_action_stats(episodes, metadata={"fps": 20}), root / "stats.json"),
-            "data": root / "dataset"}
+            "data": recorded_libero_dataset.root}
 
 
 def _typed(inputs: dict[str, Path], workdir: Path, *extra: str):
