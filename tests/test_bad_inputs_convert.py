@@ -113,6 +113,14 @@ def test_the_command_line_reports_bad_inputs_without_a_traceback(models, tmp_pat
             assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 1
         assert "conversion failed: " in caplog.text and text in caplog.text, caplog.text
         assert not (tmp_path / "out").exists()
+    taken = tmp_path / "taken"  # another model already there, no --overwrite: kept as it is
+    taken.mkdir()
+    (taken / "model_index.json").write_text("{}")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert cli.main(["--src", str(models["tiny_step"]), "--base", str(models["tiny"]), "--out", str(taken)]) == 1
+    assert f"'{taken}' exists; pass overwrite=True (--overwrite) to replace it" in caplog.text
+    assert [p.name for p in taken.iterdir()] == ["model_index.json"]
 
 
 # ----------------------------------------------------------------------------- a full disk
