@@ -47,6 +47,11 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.cluster.config"),
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.data.checks"),
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.data.config"),
+    # config validates inputs on disk with the pieces' own readers (stats, checkpoint layout, model
+    # components): #14 section 4, to move into a validation module above config
+    ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.actions.stats"),
+    ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.checkpoint.layout"),
+    ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.models.cosmos3.components"),
 }
 
 
