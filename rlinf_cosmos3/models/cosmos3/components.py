@@ -19,10 +19,13 @@ MODEL_COMPONENTS = (MODEL_INDEX, TRANSFORMER_DIR, VAE_DIR, TOKENIZER_DIR, SCHEDU
 TRANSFORMER_CONFIG = f"{TRANSFORMER_DIR}/config.json"
 
 
-def missing_components(model_dir: str | Path) -> list[str]:
-    """The parts of a complete Cosmos3 diffusers directory that ``model_dir`` lacks (``[]``: none)."""
+def missing_components(model_dir: str | Path, *, transformer_config: bool = True) -> list[str]:
+    """The parts of a complete Cosmos3 diffusers directory that ``model_dir`` lacks (``[]``: none).
+
+    ``transformer_config``: also require ``transformer/config.json`` (the configs check it; the
+    loaders read it themselves and report a missing weights file more precisely)."""
     root = Path(model_dir).expanduser()
     missing = [name for name in MODEL_COMPONENTS if not (root / name).exists()]
-    if TRANSFORMER_DIR not in missing and not (root / TRANSFORMER_CONFIG).is_file():
+    if transformer_config and TRANSFORMER_DIR not in missing and not (root / TRANSFORMER_CONFIG).is_file():
         missing.append(TRANSFORMER_CONFIG)
     return missing

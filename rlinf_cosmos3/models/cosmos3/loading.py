@@ -48,7 +48,7 @@ WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 def check_model_dir(model_dir: str | Path) -> Path:
     """The directory, after checking it has every component; the error lists what is missing."""
     root = Path(model_dir).expanduser()
-    missing = missing_components(root)
+    missing = missing_components(root, transformer_config=False)  # the components, as before
     if missing:
         raise FileNotFoundError(f"'{root}' is not a complete diffusers Cosmos3 directory: missing {missing}")
     return root
