@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_helpers import Toy, run_on_ranks
+from torch import nn
 
 from rlinf_cosmos3.checkpoint import (
     CheckpointError,
@@ -401,3 +402,48 @@ def test_a_kill_before_rename_leaves_only_a_stale_temp_dir(tmp_path: Path, caplo
         save_checkpoint(ckpt, model, opt, TrainerState(global_step=2), sched, ema)
     assert leftovers[1] in caplog.text
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_1", "global_step_2"]
+
+
+# ---------------------------------------------------------------- parameters that never get a gradient
+
+
+class _ToyWithUnusedHead(Toy):
+    """Like Cosmos3 trained on actions only from scratch: a trainable head (``lm_head``) the loss never uses,
+    so AdamW never creates its state, while a fresh optimizer's state dict has state for every parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(5, 7)
+
+
+def _unused_head_rank(rank: int, world_size: int, ckpt: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        model = _ToyWithUnusedHead()
+        mesh = init_device_mesh("cpu", (world_size,))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        select_trainable(model, None)  # every parameter trains, lm_head included
+        opt = build_optimizer(model, lr=1e-2, weight_decay=0.05)
+        return model, opt, lambda_linear_schedule(opt, warmup_steps=2, total_steps=8), PowerEMA(model, rate=0.1)
+
+    _seed_all(5 + rank)
+    first = build(0)
+    state = TrainerState(global_step=0)
+    _train(*first, state, 2)
+    assert first[0].lm_head.weight not in first[1].state  # never updated: no optimizer state
+    step_dir = save_checkpoint(ckpt, first[0], first[1], state, first[2], first[3])
+
+    resumed = build(9)
+    loaded = load_checkpoint(step_dir, *resumed)
+    assert loaded.global_step == 2
+    _assert_same_training_state(first, resumed)  # lm_head again without state, the rest bit-identical
+    _train(*resumed, loaded, 1)  # and training goes on from there
+
+
+def test_resume_with_a_trainable_parameter_that_never_had_a_gradient(tmp_path: Path) -> None:
+    run_on_ranks(tmp_path, _unused_head_rank, str(tmp_path / "checkpoints"))

@@ -10,9 +10,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.optim.lr_scheduler import LRScheduler
@@ -42,6 +44,24 @@ def _require_complete(step_dir: Path) -> None:
             f"{step_dir} is not a complete checkpoint (needs the name global_step_<N> and a COMPLETE "
             "marker; temp dirs of interrupted saves are never loaded)"
         )
+
+
+def _keep_saved_optimizer_state(optim_state: dict[str, Any], dcp_dir: Path) -> list[str]:
+    """Ask the checkpoint only for the optimizer state it holds, so the optimizer comes back as it was saved.
+
+    A trainable parameter that never received a gradient (Cosmos3's ``lm_head`` when only actions are
+    trained) has no AdamW state at save time, while the fresh optimizer's state dict has state for every
+    parameter; loading those keys fails with "Missing key in checkpoint state_dict". Such a parameter is
+    left without state, exactly as it was saved; a key missing for a parameter that does have saved state
+    still fails the load. Returns the names of the parameters left without state.
+    """
+    saved = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    per_param = optim_state["state"]
+    stateless = [fqn for fqn in per_param
+                 if not any(f"optimizer.state.{fqn}.{key}" in saved for key in per_param[fqn])]
+    for fqn in stateless:
+        del per_param[fqn]
+    return stateless
 
 
 def load_checkpoint(
@@ -76,10 +96,20 @@ def load_checkpoint(
     use_ema = ema is not None and ema.enabled
     if use_ema and marker.get("ema"):
         state["ema"] = ema.state_dict()
-    with _dist.single_process_quiet():
-        dcp.load(state, checkpoint_id=actor_dir(step_dir) / DCP_DIR, no_dist=not _dist.initialized())
-
+    dcp_dir = actor_dir(step_dir) / DCP_DIR
+    stateless: list[str] = []
     if optimizer is not None:
+        stateless = _keep_saved_optimizer_state(state["optimizer"], dcp_dir)
+    with _dist.single_process_quiet():
+        dcp.load(state, checkpoint_id=dcp_dir, no_dist=not _dist.initialized())
+
+    if optimizer is not None and stateless:
+        # strict=False only lets those parameters stay without state (the model's keys were all loaded above)
+        logger.info("%s: %d trainable parameter(s) had no optimizer state when saved (never updated), e.g. %s",
+                    step_dir, len(stateless), stateless[0])
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(strict=False))
+    elif optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     else:
         set_model_state_dict(model, state["model"])
