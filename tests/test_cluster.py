@@ -408,3 +408,49 @@ def test_two_nodes_get_one_rank_each(short_tmp: Path) -> None:
         left = worker.stop() if worker is not None else []
         left += head.stop()
     assert not left, f"Ray processes left behind: {left}"
+
+
+SIGTERM_DRIVER = """
+import sys, time
+from rlinf_cosmos3.cluster import Cluster, ClusterConfig
+with Cluster(ClusterConfig(num_cpus=1, num_gpus=0, object_store_memory_mb=100, temp_dir=sys.argv[1])):
+    print("ready", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_sigterm_to_the_driver_stops_the_ray_it_started(short_tmp: Path) -> None:
+    """``kill`` (or a scheduler's time limit) on a driver must not leave Ray's GCS, raylet or agents behind.
+
+    Ray's own driver SIGTERM handler exits through ``sys.exit``, so atexit and ``with`` blocks run and the
+    Cluster stops the Ray it started; this guards that path (a handler of ours must keep chaining to it)."""
+    import psutil
+
+    driver = subprocess.Popen([sys.executable, "-c", SIGTERM_DRIVER, str(short_tmp / "ray")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    ray_procs: list[psutil.Process] = []
+    try:
+        assert driver.stdout is not None
+        output = []
+        for line in driver.stdout:
+            if line.strip() == "ready":
+                break
+            output.append(line)
+        else:
+            pytest.fail(f"the driver exited before Ray was up (rc {driver.wait()}): {''.join(output)[-2000:]}")
+        ray_procs = psutil.Process(driver.pid).children(recursive=True)
+        assert ray_procs, "a private Ray starts its own processes"
+        driver.send_signal(signal.SIGTERM)
+        rc = driver.wait(timeout=60)
+        assert rc > 0, f"the driver died of the signal (rc {rc}) instead of exiting through its cleanup"
+        gone, alive = psutil.wait_procs(ray_procs, timeout=30)
+        assert not alive, "left running after SIGTERM: " + "; ".join(
+            f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for proc in ray_procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass

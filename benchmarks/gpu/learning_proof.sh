@@ -21,7 +21,7 @@
 # three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
 #   LP_TASK (0)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (1500)  LP_SAVE_INTERVAL (250)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds)  LP_RECORD_ENVS (16)
-#   LP_EXTRA_SEEDS ("43 44")  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
+#   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
 #   LP_EVAL_ARGS (extra Hydra overrides for eval)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -39,7 +39,7 @@ TASK="${LP_TASK:-0}"
 TRAIN_STATES="${LP_TRAIN_STATES:-0-39}"
 HELD_OUT="${LP_HELD_OUT:-40-49}"
 STEPS="${LP_STEPS:-1500}"
-EXTRA_SEEDS="${LP_EXTRA_SEEDS:-43 44}"
+EXTRA_SEEDS="${LP_EXTRA_SEEDS-43 44}"  # set but empty: no extra seeds
 DEMOS="$WORK/demos"
 STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
 MODEL="$WORK/cosmos3_small"
