@@ -94,13 +94,13 @@ def test_training_prompts_nvidias_caption(inputs: dict[str, Path], reader: Liber
     generators = [torch.Generator().manual_seed(i) for i in range(len(STARTS))]
     tokenizer = policy.pipeline.text_tokenizer
     for i, start in enumerate(STARTS):
-        ids, uncond = policy.processor.sample_ids(batch, i, generators)
+        ids, uncond = policy.processor.sample_ids(batch, i, generators[i])
         assert tokenizer.decode(ids) == CHAT_PREFIX + _reference_caption(start)["caption"] + CHAT_SUFFIX
         assert tokenizer.decode(uncond) == CHAT_PREFIX + CHAT_SUFFIX  # caption dropout: the empty prompt
 
     # The default style is untouched: diffusers' own caption, which our verbatim path reproduces exactly.
     default = Cosmos3Policy.from_pretrained(inputs["model"])
-    ids = default.processor.sample_ids(batch, 0, generators)
+    ids = default.processor.sample_ids(batch, 0, generators[0])
     assert ids == default.processor.prompt_ids(TASK)
     diffusers_caption = default.pipeline._build_action_json_prompt(TASK, view_point="concat_view", num_frames=17,
                                                                    fps=20.0, height=192, width=320)
@@ -108,6 +108,30 @@ def test_training_prompts_nvidias_caption(inputs: dict[str, Path], reader: Liber
     assert default.processor.caption_ids(diffusers_caption) == ids
 
 
+def test_paraphrase_draws_do_not_depend_on_how_the_batch_is_split(inputs: dict[str, Path]) -> None:
+    """Per-sample generators (seeded by run seed, step, dataset index) decide the paraphrase, not batch places."""
+    from rlinf_cosmos3.models.cosmos3.processor import LATENT_KEY, LATENT_VALID_KEY
+
+    policy = Cosmos3Policy.from_pretrained(inputs["model"], PolicyConfig(caption_style="cosmos_framework"))
+    task = next(t for t, v in REF["paraphrases"].items() if len(v) > 1)
+    n = 8
+    batch = {LATENT_KEY: torch.zeros(n, 48, 5, 12, 20), LATENT_VALID_KEY: torch.ones(n, 5, dtype=torch.bool),
+             "actions": torch.zeros(n, 16, 10), "prompt": [task] * n, "idle_frames": torch.full((n,), 3)}
+
+    def generators() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(1000 + k) for k in range(n)]
+
+    whole = [s.input_ids for s in policy.encode_batch(batch, generators())]
+    split = []
+    for part in (slice(0, 3), slice(3, n)):
+        piece = {key: value[part] for key, value in batch.items()}
+        split += [s.input_ids for s in policy.encode_batch(piece, generators()[part])]
+    assert split == whole
+    texts = {policy.pipeline.text_tokenizer.decode(ids) for ids in whole}
+    assert len(texts) > 1 and all('"idle_frame": "3 out of 16."' in t for t in texts)
+
+
+@pytest.mark.slow
 def test_latent_cache_keeps_the_idle_frames(inputs: dict[str, Path]) -> None:
     data = _data_cfg(inputs, "short", complete_chunks_only=True)
     short = LiberoLeRobotDataset(data)
@@ -177,5 +201,5 @@ def test_embedded_backend_samples_with_the_requests_flow_shift(inputs: dict[str,
     np.testing.assert_allclose(scheduler.sigmas[:4].numpy(), 3 * base / (1 + 2 * base) - np.array([1e-6, 0, 0, 0]),
                                rtol=1e-6)
     assert not np.allclose(at_3, at_5)
-    _, again_5 = _served_text(worker, _payload(TASK, 5.0))
-    np.testing.assert_array_equal(again_5, at_5)
+    worker.pipe.use_flow_shift(5.0)  # what the next request with 5.0 does first
+    assert worker.pipe.scheduler.config.flow_shift == 5.0

@@ -134,8 +134,9 @@ class PolicyProcessor:
         """NVIDIA's training caption of one sample (``cosmos_framework`` style).
 
         A task with ``" | "`` paraphrases trains on one of them, drawn uniformly (as NVIDIA's
-        ``random.choice``) from a generator seeded by ``generator``'s seed and ``position``, so the
-        draw is reproducible per (run seed, step, sample) and never shifts the noise draws.
+        ``random.choice``) from a generator seeded by ``generator``'s seed and ``position`` (the
+        sample's place in the batch, when one generator serves the whole batch), so the draw is
+        reproducible per (run seed, step, sample) and never shifts the noise draws.
         """
         cfg = self.cfg
         parts = paraphrases(task)
@@ -150,9 +151,9 @@ class PolicyProcessor:
             choice, idle_frames=idle_frames, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
             fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
 
-    def sample_ids(self, batch: Mapping[str, Any], i: int,
-                   generators: list[torch.Generator | None]) -> tuple[list[int], list[int]]:
-        """Token ids of sample ``i``'s caption in the configured style."""
+    def sample_ids(self, batch: Mapping[str, Any], i: int, generator: torch.Generator | None = None,
+                   position: int = 0) -> tuple[list[int], list[int]]:
+        """Token ids of sample ``i``'s caption in the configured style (see :meth:`training_caption`)."""
         prompt = batch["prompt"][i]
         if self.cfg.caption_style == "diffusers":
             return self.prompt_ids(prompt)
@@ -160,7 +161,7 @@ class PolicyProcessor:
             raise ValueError(
                 "caption_style 'cosmos_framework' needs the batch's 'idle_frames' (the LIBERO reader adds it; "
                 "a latent cache built before it was recorded has none: rebuild it in a new directory)")
-        caption = self.training_caption(prompt, int(batch[IDLE_FRAMES_KEY][i]), generators[i], position=i)
+        caption = self.training_caption(prompt, int(batch[IDLE_FRAMES_KEY][i]), generator, position)
         return self.caption_ids(caption)
 
     # ------------------------------------------------------------------------------- pixels
@@ -244,10 +245,12 @@ class PolicyProcessor:
         if not cfg.mask_padded_frames:
             frame_valid = torch.ones_like(frame_valid)
         action_is_pad = batch.get("action_is_pad")
-        per_sample = list(generators) if isinstance(generators, Sequence) else [generators] * len(prompts)
+        # Per-sample generators (seeded by dataset index) need no position: the draw stays rank-split invariant.
+        shared = not isinstance(generators, Sequence)
         encoded = []
         for i in range(len(prompts)):
-            ids, uncond_ids = self.sample_ids(batch, i, per_sample)
+            generator = generators if shared else generators[i]
+            ids, uncond_ids = self.sample_ids(batch, i, generator, i if shared else 0)
             x0_action, action_valid = prepare_actions(
                 actions[i].to(device), action_is_pad[i] if action_is_pad is not None else None, action_dim
             )
