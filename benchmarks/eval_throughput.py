@@ -58,7 +58,8 @@ from rlinf_cosmos3.runners.eval_runner import EvalSummary, PipelinedEvalRunner
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.stage import SLOT_IDS, TASK_DESCRIPTIONS, StageOutput
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
+from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
+from rlinf_cosmos3.workers.rollout.factory import make_backend
 
 logger = logging.getLogger("benchmarks.eval_throughput")
 

@@ -131,14 +131,14 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
+    from rlinf_cosmos3.components.ema import PowerEMA
+    from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
     from rlinf_cosmos3.components.train_step import train_step
     from rlinf_cosmos3.config.base import load_structured
     from rlinf_cosmos3.config.sft import SFTConfig
     from rlinf_cosmos3.models.cosmos3.configuration import policy_config_from_sft
     from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
     from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
-    from rlinf_cosmos3.workers.actor.ema import PowerEMA
-    from rlinf_cosmos3.workers.actor.optim import build_optimizer, lambda_linear_schedule, select_trainable
 
     args = bench.parse_args(["--device", "cpu", "--preset", "tiny", "--variants", "base+ac+ema+pack+mb2",
                              "--global-batch", "4", "--seed", "3"])

@@ -28,8 +28,8 @@ from rlinf_cosmos3.checkpoint import (
     load_full_weights,
     save_checkpoint,
 )
-from rlinf_cosmos3.workers.actor.ema import PowerEMA
-from rlinf_cosmos3.workers.actor.optim import (
+from rlinf_cosmos3.components.ema import PowerEMA
+from rlinf_cosmos3.components.optim import (
     build_optimizer,
     clip_grad_norm,
     lambda_linear_schedule,

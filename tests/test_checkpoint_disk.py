@@ -35,10 +35,10 @@ from rlinf_cosmos3.checkpoint import (
 from rlinf_cosmos3.checkpoint import disk as disk_module
 from rlinf_cosmos3.checkpoint import retention as retention_module
 from rlinf_cosmos3.checkpoint.layout import full_weights_path
+from rlinf_cosmos3.components.ema import PowerEMA
+from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
 from rlinf_cosmos3.models.cosmos3 import loading
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
-from rlinf_cosmos3.workers.actor.ema import PowerEMA
-from rlinf_cosmos3.workers.actor.optim import build_optimizer, lambda_linear_schedule, select_trainable
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = OmegaConf.to_container(OmegaConf.load(REPO / "examples/sft/config/model/cosmos3.yaml"))

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from dist_helpers import Toy, run_on_ranks
 from torch import nn
 
-from rlinf_cosmos3.workers.actor.ema import PowerEMA, power_ema_exponent
-from rlinf_cosmos3.workers.actor.optim import select_trainable
+from rlinf_cosmos3.components.ema import PowerEMA, power_ema_exponent
+from rlinf_cosmos3.components.optim import select_trainable
 
 # ---------------------------------------------------------------- helpers
 

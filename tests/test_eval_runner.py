@@ -25,7 +25,7 @@ from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.backend import make_backend
+from rlinf_cosmos3.workers.rollout.factory import make_backend
 
 pytestmark = [pytest.mark.slow, pytest.mark.libero]
 

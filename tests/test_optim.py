@@ -15,7 +15,7 @@ from dist_helpers import run_on_ranks
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from rlinf_cosmos3.workers.actor.optim import (
+from rlinf_cosmos3.components.optim import (
     build_optimizer,
     build_param_groups,
     clean_param_name,

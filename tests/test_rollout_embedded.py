@@ -24,8 +24,8 @@ from rlinf_cosmos3.cluster import Cluster, ClusterConfig
 from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.backend import make_backend
 from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig
+from rlinf_cosmos3.workers.rollout.factory import make_backend
 
 pytestmark = [pytest.mark.slow]
 

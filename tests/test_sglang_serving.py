@@ -112,7 +112,7 @@ def _observation(seed: int) -> np.ndarray:
 
 
 def _payload(images: np.ndarray, encoding: str, response_format: str, seed: int = 0) -> dict[str, Any]:
-    """DESIGN.md §2 action request; a batch is one [B,H,W,C] array (msgpack) or a list of images (JSON)."""
+    """The action request of docs/rollout.md; a batch is one [B,H,W,C] array (msgpack) or a list of images (JSON)."""
     if encoding == "json":
         image: Any = [img.tolist() for img in images]  # a list of images, even for one
     else:

@@ -20,6 +20,9 @@ def read_scalars(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
     """Every ``train/*`` scalar of a run as (steps, values)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory '{run_dir}' (give the logs/<timestamp>-<config> directory the "
+                                "SFT launcher printed)")
     events_dir = run_dir / "tensorboard" if (run_dir / "tensorboard").is_dir() else run_dir
     acc = EventAccumulator(str(events_dir), size_guidance={"scalars": 0})
     acc.Reload()
@@ -35,7 +38,8 @@ def plot(run_dir: Path, out: Path) -> Path:
 
     scalars = read_scalars(run_dir)
     if "train/loss" not in scalars:
-        raise ValueError(f"no train/loss scalars in {run_dir} (not an SFT run directory?)")
+        raise ValueError(f"no train/loss scalars in {run_dir} (not an SFT run directory?); give the "
+                         "logs/<timestamp>-<config> directory the SFT launcher printed")
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     for ax, (tag, title, log_y) in zip(axes.flat, PANELS, strict=True):
         steps, values = scalars.get(tag, ([], []))

@@ -568,7 +568,7 @@ def count_model(model_dir: Path, keys_to_select: list[str] | None, vae: torch.nn
     """Per-layer and root parameter counts of the real config, from a one-layer meta build."""
     from diffusers import Cosmos3OmniTransformer
 
-    from rlinf_cosmos3.workers.actor.optim import select_trainable
+    from rlinf_cosmos3.components.optim import select_trainable
 
     model = meta_transformer(model_dir, 1)
     select_trainable(model, keys_to_select)
@@ -631,11 +631,11 @@ class Trainer:
 
 def build(setup: Setup, variant: Variant, *, train: bool = True) -> Trainer:
     """A fresh policy for ``variant`` set up as ``FSDPSFTWorker.setup`` does, with random weights."""
+    from rlinf_cosmos3.components.ema import PowerEMA
+    from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
     from rlinf_cosmos3.models.cosmos3.configuration import policy_config_from_sft
     from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
     from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
-    from rlinf_cosmos3.workers.actor.ema import PowerEMA
-    from rlinf_cosmos3.workers.actor.optim import build_optimizer, lambda_linear_schedule, select_trainable
 
     cfg, enc = setup.config(variant), setup.encoder
     model_cfg, optim = cfg.actor.model, cfg.actor.optim

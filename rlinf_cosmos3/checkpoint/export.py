@@ -16,20 +16,29 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
 
-from rlinf_cosmos3.checkpoint.layout import FULL_WEIGHTS, FULL_WEIGHTS_EMA, parse_step
+from rlinf_cosmos3.checkpoint import disk
+from rlinf_cosmos3.checkpoint.errors import CheckpointError, InsufficientSpaceError
+from rlinf_cosmos3.checkpoint.layout import FULL_WEIGHTS, FULL_WEIGHTS_EMA, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.checkpoint.load import load_full_weights
+from rlinf_cosmos3.models.cosmos3.components import MODEL_INDEX, TRANSFORMER_DIR, missing_components
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, read_identity, write_identity
 
 logger = logging.getLogger(__name__)
 
-TRANSFORMER_DIR = "transformer"
 DTYPES = {"as-trained": None, "bf16": torch.bfloat16, "fp32": torch.float32}
+BASE_FIX = "pass as --base the diffusers directory the SFT run started from (its actor.model.model_path)"
+OUT_FIX = "free space on that filesystem, or pass an --out on one with room"
+
+
+class ConversionError(ValueError):
+    """An input the converter cannot use: says which one, why, and what to pass instead."""
 
 
 def export_diffusers(
@@ -45,14 +54,19 @@ def export_diffusers(
     from diffusers import Cosmos3OmniTransformer
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
-    if not (base_dir / "model_index.json").is_file():
-        raise FileNotFoundError(f"base '{base_dir}' is not a diffusers model directory (no model_index.json)")
+    if not (base_dir / MODEL_INDEX).is_file():
+        raise FileNotFoundError(f"base '{base_dir}' is not a diffusers model directory (no {MODEL_INDEX}); {BASE_FIX}")
+    missing_parts = missing_components(base_dir)  # the output is a copy of the base: it would lack them too
+    if missing_parts:
+        raise FileNotFoundError(f"base '{base_dir}' is not a complete diffusers Cosmos3 directory: it lacks "
+                                f"{missing_parts}; {BASE_FIX}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"'{out_dir}' exists; pass overwrite=True (--overwrite) to replace it")
+    weights_file = resolve_weights_file(check_source(full_weights, use_ema), use_ema)
     identity = checkpoint_identity(full_weights)
-    state = load_full_weights(resolve_weights_file(full_weights, use_ema), ema=use_ema)
+    state = _load_state(weights_file, use_ema)
     target = DTYPES[dtype]
     if target is not None:
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
@@ -60,14 +74,23 @@ def export_diffusers(
     config = Cosmos3OmniTransformer.load_config(base_dir / TRANSFORMER_DIR)
     with torch.device("meta"):
         transformer = Cosmos3OmniTransformer.from_config(config)
-    missing, unexpected = transformer.load_state_dict(state, strict=False, assign=True)
+    other_model = f"the checkpoint '{full_weights}' is of another model than the base '{base_dir}'"
+    try:
+        missing, unexpected = transformer.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:  # same names, other shapes: another width or head size
+        shapes = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+        raise ConversionError(f"{other_model}: {'; '.join(shapes[:3]) or err}; {BASE_FIX}") from err
     # Non-persistent buffers (rotary inv_freq) are not in any state dict: rebuild them on CPU.
     missing = [k for k in missing if k in dict(transformer.named_parameters())]
     if missing or unexpected:
-        raise KeyError(
-            f"checkpoint does not match the base transformer: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
+        raise ConversionError(f"{other_model} (checkpoint does not match the base transformer: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}); {BASE_FIX}")
     _rebuild_meta_buffers(transformer, config)
+    needed = output_bytes(base_dir, state)
+    try:  # before anything is written: a disk without room refuses here, not halfway through the copy
+        disk.require_free_space(out_dir.parent, needed, what=f"the converted model '{out_dir.name}'", fix=OUT_FIX)
+    except InsufficientSpaceError as err:
+        raise ConversionError(f"--out: {err}") from err
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -82,6 +105,13 @@ def export_diffusers(
             shutil.rmtree(old)
         else:
             os.rename(tmp, out_dir)
+    except Exception as err:  # a disk that filled up meanwhile (another writer) is an input error; the rest is not
+        if not disk.is_proven_full(err):
+            raise
+        raise ConversionError(
+            f"--out: the filesystem of '{out_dir.parent}' filled up while writing the converted model "
+            f"({disk.full_disk_cause(err)}; about {disk.format_bytes(needed)} needed); the partial copy is removed "
+            f"and '{out_dir}' is {'unchanged' if out_dir.exists() else 'not created'}. Fix: {OUT_FIX}") from err
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -93,6 +123,53 @@ def export_diffusers(
         out_dir,
     )
     return out_dir
+
+
+def output_bytes(base_dir: Path, state: dict[str, torch.Tensor]) -> int:
+    """What the converted directory takes: the base's files but its transformer (symlinks followed, as the
+    copy does), the new weights, and 1 MiB for configs and safetensors headers."""
+    skip = {base_dir / TRANSFORMER_DIR, base_dir / IDENTITY_FILE}
+    copied = sum(f.stat().st_size for f in base_dir.rglob("*")
+                 if f.is_file() and not any(f == s or s in f.parents for s in skip))
+    return copied + sum(t.numel() * t.element_size() for t in state.values()) + 2**20
+
+
+def check_source(src: str | Path, use_ema: bool) -> Path:
+    """``--src`` must be a complete ``global_step_<N>`` directory or a weights file; returns it."""
+    src = Path(src)
+    fix = ("pass a complete checkpoint directory .../checkpoints/global_step_<N> (one with a COMPLETE file) or "
+           "its actor/model_state_dict/full_weights.pt")
+    if not src.exists():
+        raise FileNotFoundError(f"--src '{src}' does not exist; {fix}")
+    if src.is_dir():
+        if parse_step(src) is None or not is_complete_checkpoint(src):
+            what = ("is not a global_step_<N> directory" if parse_step(src) is None
+                    else "is an incomplete checkpoint (no COMPLETE marker: its save did not finish)")
+            raise ConversionError(f"--src '{src}' {what}; {fix}")
+        if use_ema:
+            return src
+        weights = src / "actor" / "model_state_dict" / FULL_WEIGHTS
+        if not weights.is_file():
+            raise FileNotFoundError(f"--src '{src}' has no exported weights ({weights}); it was saved with "
+                                    "save_full_weights=False: export them from a run that writes them")
+    return src
+
+
+def _load_state(path: Path, use_ema: bool) -> dict[str, torch.Tensor]:
+    """The consolidated state dict; a file that is not one (not torch's zip format, not a dict of tensors)
+    is a :class:`ConversionError` naming it."""
+    try:
+        state = load_full_weights(path, ema=use_ema)
+    except CheckpointError as err:
+        raise ConversionError(str(err)) from err
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
+        raise ConversionError(f"--src '{path}' is not a weights file written by an SFT run (torch.load: "
+                              f"{str(err).splitlines()[0]}); pass a global_step_<N> directory or its "
+                              f"{FULL_WEIGHTS}") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConversionError(f"--src '{path}' holds a {type(state).__name__}, not a state dict of tensors; pass "
+                              f"a global_step_<N> directory or its {FULL_WEIGHTS}")
+    return state
 
 
 def checkpoint_identity(src: str | Path) -> ModelIdentity | None:

@@ -31,7 +31,7 @@ from rlinf_cosmos3.checkpoint.layout import (
 from rlinf_cosmos3.checkpoint.rng import restore_rng_state
 from rlinf_cosmos3.checkpoint.save import CheckpointError
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
-from rlinf_cosmos3.workers.actor.ema import PowerEMA
+from rlinf_cosmos3.components.ema import PowerEMA
 
 logger = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from rlinf_cosmos3.checkpoint.layout import (
 from rlinf_cosmos3.checkpoint.rng import capture_rng_state
 from rlinf_cosmos3.checkpoint.size import CheckpointSize, estimate_checkpoint_size, model_footprint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
-from rlinf_cosmos3.workers.actor.ema import PowerEMA
+from rlinf_cosmos3.components.ema import PowerEMA
 
 logger = logging.getLogger(__name__)
 

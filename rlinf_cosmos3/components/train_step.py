@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlinf_cosmos3.components.optim import clip_grad_norm
+
 _NOISE_SEED_STRIDE = 1_000_003
 
 
@@ -66,8 +68,6 @@ def train_step(
     ``global_step`` is the step being taken (the noise seeds use it); the LR scheduler and the EMA
     advance after the optimizer when given. Losses are averaged over micro-batches and ranks.
     """
-    from rlinf_cosmos3.workers.actor.optim import clip_grad_norm
-
     t0 = time.perf_counter()
     transformer = policy.transformer
     device = next(p for p in policy.vae.parameters()).device

@@ -7,12 +7,13 @@ the cross-field checks each schema's ``validate()`` performs (paths exist, batch
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 T = TypeVar("T")
 
@@ -50,9 +51,39 @@ def load_structured(schema: type[T], cfg: Mapping[str, Any] | DictConfig, *, roo
             field = _join(root, missing[0])
             raise ConfigError(field, "is required but not set", f"set {field}=<value> in the YAML or on the command line")
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except (ConfigKeyError, ConfigAttributeError) as err:  # a key the schema does not declare (``+foo.bar=1``, a typo in a YAML)
+        full_key = str(getattr(err, "full_key", None) or getattr(err, "key", None) or "?")
+        raise unknown_key_error(schema, full_key, _first_leaf(cfg, full_key), _first_line(err), root=root) from err
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
         raise ConfigError(_join(root, str(key)), _first_line(err)) from err
+
+
+def unknown_key_error(schema: type, full_key: str, key: str, problem: str, *, given: str | None = None,
+                      root: str = "") -> ConfigError:
+    """The error for a key ``schema`` does not declare: names the key as given (``key``, e.g. ``foo.bar``
+    for ``+foo.bar=1``), the fields that exist where it was put, and the closest one."""
+    parent, _, name = full_key.rpartition(".")
+    fields = schema_fields(schema, parent)
+    where = f"'{_join(root, parent)}'" if parent or root else "the top level"
+    text = f"unknown key ({problem})"
+    if fields:
+        text += f"; {where} has the fields {', '.join(fields)}"
+    close = difflib.get_close_matches(name, fields, n=1)
+    fix = f"remove {given or key}"
+    if close:
+        fix += f", or write {_join(_join(root, parent), close[0])} if that is what you meant"
+    else:
+        fix += " or correct the key to one of the fields listed"
+    return ConfigError(_join(root, key), text, fix)
+
+
+def schema_fields(schema: type, path: str = "") -> list[str]:
+    """The field names the schema declares at the dotted ``path`` (``""``: its top level)."""
+    node: Any = OmegaConf.structured(schema)
+    for part in [p for p in path.split(".") if p]:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    return list(node.keys()) if isinstance(node, DictConfig) else []
 
 
 def require(condition: bool, field: str, problem: str, fix: str | None = None) -> None:
@@ -75,6 +106,19 @@ def require_path(value: str | Path | None, field: str, what: str, *, is_dir: boo
 
 def _join(root: str, key: str) -> str:
     return f"{root}.{key}" if root and key else (root or key)
+
+
+def _first_leaf(cfg: Any, key: str) -> str:
+    """``foo`` -> ``foo.bar`` when ``cfg`` holds ``{foo: {bar: ...}}``: the setting as the user wrote it."""
+    node = cfg
+    for part in key.split("."):
+        if not hasattr(node, "keys") or part not in node:
+            return key
+        node = node[part]
+    while hasattr(node, "keys") and len(node) > 0:
+        first = next(iter(node.keys()))
+        key, node = f"{key}.{first}", node[first]
+    return key
 
 
 def _first_line(err: Exception) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import load_structured, require
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.rollout.backend import BACKENDS
 from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.factory import BACKENDS
 
 
 @dataclass
@@ -76,11 +76,13 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
     require(rollout.pipeline_stage_num >= 1, "rollout.pipeline_stage_num",
             f"must be >= 1, got {rollout.pipeline_stage_num}")
     rollout.model.validate("rollout.model")
+    rollout.model.check_components("rollout.model")
     if rollout.rollout_backend == "sglang":
         rollout.sglang.validate("rollout.sglang")
     else:
         rollout.embedded.validate("rollout.embedded")
     cfg.env.eval.validate(rollout.pipeline_stage_num, root="env.eval")
+    cfg.env.eval.check_interpreter("env.eval")
     if check_gpus:
         _check_gpus(cfg)
 

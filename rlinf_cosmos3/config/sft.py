@@ -9,15 +9,19 @@ raises :class:`ConfigError` naming the field and the fix.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
+from rlinf_cosmos3.actions.gripper import gripper_range_problem
+from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
+from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
-from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
+from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
 from rlinf_cosmos3.data.config import LiberoDataConfig
+from rlinf_cosmos3.models.cosmos3.components import missing_components
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
 """= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
@@ -165,7 +169,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     world = cfg.cluster.world_size
 
     # Batch geometry: global = micro x world x accumulation.
-    require(actor.micro_batch_size >= 1, "actor.micro_batch_size", f"must be >= 1, got {actor.micro_batch_size}")
+    require(actor.micro_batch_size >= 1, "actor.micro_batch_size", f"must be >= 1, got {actor.micro_batch_size}",
+            "set it to the samples one rank processes per forward/backward, e.g. actor.micro_batch_size=1")
     per_step = actor.micro_batch_size * world
     require(
         actor.global_batch_size % per_step == 0,
@@ -207,20 +212,21 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(runner.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {runner.save_interval}")
     require(runner.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {runner.log_interval}")
     require(runner.max_wall_time_s is None or runner.max_wall_time_s > 0, "runner.max_wall_time_s",
-            f"must be > 0 or null, got {runner.max_wall_time_s}")
+            f"must be > 0 or null, got {runner.max_wall_time_s}",
+            "give the run's time limit in seconds (it stops with a checkpoint), or null for none")
     keep = runner.max_checkpoints_to_keep
     require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
             f"must be >= 1 or null (keep all), got {keep}",
             "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
     if runner.resume_dir:
-        resume = require_path(runner.resume_dir, "runner.resume_dir", "checkpoint to resume", is_dir=True)
-        require(resume.name.startswith("global_step_"), "runner.resume_dir",
-                f"'{resume}' is not a global_step_<N> directory",
-                "point it at .../checkpoints/global_step_<N>")
+        _check_resume_dir(runner.resume_dir)
 
-    require_path(model.model_path, "actor.model.model_path", "Cosmos3 diffusers model", is_dir=True)
-    require_path(Path(model.model_path) / "model_index.json", "actor.model.model_path",
-                 "model_index.json in the model directory", is_dir=False)
+    model_dir = require_path(model.model_path, "actor.model.model_path", "Cosmos3 diffusers model", is_dir=True)
+    missing = missing_components(model_dir)
+    require(not missing, "actor.model.model_path",
+            f"'{model_dir}' is not a complete diffusers Cosmos3 directory: it lacks {missing}",
+            "point it at the model directory as downloaded (nvidia/Cosmos3-Nano layout: model_index.json, "
+            "transformer/, vae/, text_tokenizer/, scheduler/) or one written by toolkits/cosmos3/make_tiny_model.py")
 
     data = cfg.data.dataset
     try:
@@ -229,7 +235,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
         raise ConfigError(err.field.replace("data.", "data.dataset.", 1), err.problem, err.fix) from err
     require_path(data.root, "data.dataset.root", "LeRobot dataset", is_dir=True)
     stats_path = require_path(data.stats_path, "data.dataset.stats_path", "action stats file", is_dir=False)
-    require(cfg.data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {cfg.data.num_workers}")
+    require(cfg.data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {cfg.data.num_workers}",
+            "use 0 (decode in the rank's own process) or the number of loader processes per rank")
 
     # Settings that are part of the model's identity must agree between data and model.
     pairs = (("fps", data.fps, model.fps), ("num_frames", data.num_frames, model.num_frames),
@@ -239,7 +246,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
         require(data_value == model_value, f"data.dataset.{name}",
                 f"{data_value!r} disagrees with the model setting {model_value!r}",
                 "training and evaluation must use the same value: make them equal")
-    _check_stats_metadata(stats_path, data.fps, data.chunk_length)
+    _check_stats(stats_path, data.fps, data.chunk_length, data.normalization)
     _check_gripper_convention(stats_path, data.gripper_convention)
     _check_dataset(data)
 
@@ -250,16 +257,18 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
                 "set cluster.num_gpus_per_node=0 to train on CPU, or run on a GPU machine")
 
 
-def _check_stats_metadata(path: Path, fps: int, chunk_length: int) -> None:
-    """The stats file records the fps and chunk length it was computed with; they must match."""
+def _check_stats(path: Path, fps: int, chunk_length: int, normalization: str) -> None:
+    """The stats file must be valid (10-D blocks, finite numbers) and, where its metadata records how it
+    was made, made with this run's fps, chunk length and normalisation (the ranks' reader checks the same)."""
     try:
-        meta = json.loads(path.read_text()).get("metadata", {})
-    except (OSError, ValueError) as err:
-        raise ConfigError("data.dataset.stats_path", f"cannot read stats file '{path}': {err}") from err
-    for key, expected in (("fps", fps), ("chunk_length", chunk_length)):
+        meta = load_action_stats(path).get("metadata", {})
+    except (OSError, ActionStatsError) as err:
+        raise ConfigError("data.dataset.stats_path", f"cannot use stats file '{path}': {err}",
+                          "compute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset") from err
+    for key, expected in (("fps", fps), ("chunk_length", chunk_length), ("normalization", normalization)):
         if key in meta:
             require(meta[key] == expected, "data.dataset.stats_path",
-                    f"stats in '{path}' were computed with {key}={meta[key]} but the run uses {key}={expected}",
+                    f"stats in '{path}' were computed with {key}={meta[key]!r} but the run uses {key}={expected!r}",
                     "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
 
 
@@ -269,13 +278,9 @@ def _check_gripper_convention(path: Path, convention: str) -> None:
     A ±1 dataset trained as ``zero_one`` (or the reverse) trains fine and evaluates with every gripper
     command inverted or halved, so it is stopped here, from the stats file alone.
     """
-    from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
-    from rlinf_cosmos3.actions.gripper import gripper_range_problem
-    from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
-
     try:
         stats = load_action_stats(path)
-    except ActionStatsError as err:
+    except (OSError, ActionStatsError) as err:
         raise ConfigError("data.dataset.stats_path", f"malformed action stats file: {err}") from err
     recorded = stats.get("metadata", {}).get("gripper_convention")
     require(recorded in (None, convention), "data.dataset.gripper_convention",
@@ -285,6 +290,41 @@ def _check_gripper_convention(path: Path, convention: str) -> None:
     problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], convention)
     require(problem is None, "data.dataset.gripper_convention", f"'{convention}' but in the stats '{path}' {problem}",
             "set the convention the dataset really stores (zero_one, pm_one or pm_one_flip)")
+
+
+def _check_resume_dir(value: str) -> None:
+    """Only a complete checkpoint is resumed from: the exact ``global_step_<N>`` name and its marker."""
+    resume = require_path(value, "runner.resume_dir", "checkpoint to resume", is_dir=True)
+    fix = ("point it at a complete checkpoint, .../checkpoints/global_step_<N> with a COMPLETE file "
+           "(the newest complete one of a run is the highest such N)")
+    require(parse_step(resume) is not None, "runner.resume_dir",
+            f"'{resume}' is not a global_step_<N> directory"
+            + (" (it is the temporary directory of a save that did not finish)" if ".tmp-" in resume.name
+               else " (it is a checkpoint being deleted)" if ".old-" in resume.name else ""), fix)
+    require(is_complete_checkpoint(resume), "runner.resume_dir",
+            f"'{resume}' is not a complete checkpoint: it has no {COMPLETE_MARKER} marker (the save that wrote it "
+            "did not finish, or the directory was copied partially)", fix)
+
+
+def check_micro_batch_fits(cfg: SFTConfig) -> int:
+    """Every rank needs one full micro-batch per epoch (its loader drops a partial one); returns the samples.
+
+    Counts the samples from the dataset's ``meta/episodes`` (lengths, success column): the SFT driver
+    runs it right after :func:`validate_sft_config`, before Ray, so a micro-batch larger than the data
+    fails there and not in every rank's first step.
+    """
+    data, world, micro = cfg.data.dataset, cfg.cluster.world_size, cfg.actor.micro_batch_size
+    try:
+        samples = count_training_samples(data)
+    except DatasetMismatchError as err:
+        raise ConfigError(f"data.dataset.{err.field}", err.problem, err.fix) from err
+    per_rank = -(-samples // world)
+    require(per_rank >= micro, "actor.micro_batch_size",
+            f"{micro} is more than the {per_rank} sample(s) each of the {world} ranks gets per epoch: the dataset "
+            f"at '{data.root}' gives {samples} training sample(s) with these data.dataset settings",
+            f"set actor.micro_batch_size to at most {per_rank} (and actor.global_batch_size to a multiple of it "
+            "x the world size), or train on more episodes")
+    return samples
 
 
 def _check_dataset(data: LiberoDataConfig) -> None:

@@ -140,6 +140,41 @@ def check_episodes(total_episodes: int, episode_columns: Sequence[str], cfg: Lib
         )
 
 
+def count_training_samples(cfg: LiberoDataConfig) -> int:
+    """The number of samples the reader will give, from ``meta/episodes`` alone (no frame is read).
+
+    Every frame of a selected episode starts a sample; with ``complete_chunks_only`` only those
+    whose window of ``max(num_frames, chunk_length)`` frames lies inside the episode. Raises
+    :class:`DatasetMismatchError` when nothing is left, as the reader would.
+    """
+    import pyarrow.parquet as pq
+
+    root = Path(cfg.root).expanduser()
+    columns = ["episode_index", "length"] + (["success"] if cfg.successful_only else [])
+    files = sorted((root / "meta" / "episodes").rglob("*.parquet"))
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        rows += pq.read_table(path, columns=columns).to_pylist()
+    wanted = set(cfg.episodes) if cfg.episodes is not None else None
+    kept = [r for r in rows if wanted is None or int(r["episode_index"]) in wanted]
+    if cfg.successful_only:
+        kept = [r for r in kept if bool(r["success"])]
+        if not kept:
+            raise DatasetMismatchError("successful_only", "data.successful_only: no selected episode has success == True",
+                                       "set successful_only=false or select episodes that succeeded")
+    span = max(cfg.num_frames, cfg.chunk_length)
+    lengths = [int(r["length"]) for r in kept]
+    samples = sum(max(0, n - span + 1) for n in lengths) if cfg.complete_chunks_only else sum(lengths)
+    if samples == 0:
+        raise DatasetMismatchError(
+            "complete_chunks_only",
+            f"no training sample: with complete_chunks_only every episode needs at least {span} frames "
+            f"(the selected episodes have at most {max(lengths, default=0)})",
+            "set complete_chunks_only=false (padded windows, masked) or use longer episodes",
+        )
+    return samples
+
+
 def episode_metadata_columns(root: Path) -> list[str]:
     """Column names of the dataset's ``meta/episodes`` parquet files (their schema only)."""
     import pyarrow.parquet as pq

@@ -18,48 +18,20 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE, DemoDatasetWriter, EpisodeRecord
-from rlinf_cosmos3.demos.scripted_policy import PolicyConfig, ScriptedPickPlace, UnsupportedTaskError
+from rlinf_cosmos3.demos.checks import check_record_config
+from rlinf_cosmos3.demos.lerobot_writer import DemoDatasetWriter, EpisodeRecord
+from rlinf_cosmos3.demos.record_config import RecordConfig
+from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace, UnsupportedTaskError
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS, suite_max_steps
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
 
 logger = logging.getLogger(__name__)
 
 CAMERA_STORAGES = ("video", "image")
-
-
-@dataclass
-class RecordConfig:
-    """What to record and where (see toolkits/libero/record_demos.py for the CLI)."""
-
-    suite: str
-    task_ids: Sequence[int]
-    init_state_ids: Sequence[int]
-    out: Path
-    repo_id: str = "local/libero_demos"
-    max_steps: int | None = None  # recorded steps; None = the suite's cap minus the settle steps
-    num_settle_steps: int = NUM_SETTLE_STEPS
-    seed: int = 0
-    keep_failed: bool = False
-    num_envs: int = 1
-    image_size: int = IMAGE_SIZE
-    fps: int = FPS
-    camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-
-    def resolved_max_steps(self) -> int:
-        if self.num_settle_steps < 0:
-            raise ValueError(f"num_settle_steps must be >= 0, got {self.num_settle_steps}")
-        if self.max_steps is not None:
-            if self.max_steps < 1:
-                raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-            return self.max_steps
-        return suite_max_steps(self.suite) - self.num_settle_steps
 
 
 @dataclass
@@ -270,12 +242,10 @@ def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeR
     """
     from tqdm import tqdm
 
+    # Every input, before the writer creates the output and before a simulator starts: a bad one
+    # leaves no partial dataset that the corrected run would refuse as a non-empty out.
+    check_record_config(cfg, CAMERA_STORAGES)
     jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids)
-    if not jobs:
-        raise ValueError("nothing to record: no task ids or no init states")
-    cfg.resolved_max_steps()
-    if cfg.camera_storage not in CAMERA_STORAGES:
-        raise ValueError(f"camera_storage must be one of {list(CAMERA_STORAGES)}, got {cfg.camera_storage!r}")
     writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size,
                                use_videos=cfg.camera_storage == "video")
     procs: list[LiberoSimProcess] = []

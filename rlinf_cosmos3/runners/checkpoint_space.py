@@ -16,9 +16,9 @@ from pathlib import Path
 from rlinf_cosmos3.checkpoint import disk
 from rlinf_cosmos3.checkpoint.layout import list_checkpoints, parse_step, step_dir_name
 from rlinf_cosmos3.checkpoint.size import CheckpointSize, estimate_checkpoint_size, model_footprint
+from rlinf_cosmos3.components.optim import build_param_groups, select_trainable
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig
-from rlinf_cosmos3.workers.actor.optim import select_trainable
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
@@ -52,6 +52,11 @@ def plan_checkpoints(cfg: SFTConfig) -> CheckpointPlan:
     except ValueError as err:
         raise ConfigError("actor.model.keys_to_select", str(err),
                           "use substrings of the transformer's parameter names") from err
+    try:  # as every rank groups its parameters: a multiplier key that matches nothing is an error there
+        build_param_groups(transformer, cfg.actor.optim.lr, cfg.actor.optim.weight_decay, model.lr_multipliers)
+    except ValueError as err:
+        raise ConfigError("actor.model.lr_multipliers", str(err),
+                          "use substrings of the names of trainable parameters (see actor.model.keys_to_select)") from err
     size = estimate_checkpoint_size(
         model_footprint(transformer), world_size=cfg.cluster.world_size, ema=model.ema_enabled
     )

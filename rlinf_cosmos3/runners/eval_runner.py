@@ -30,7 +30,9 @@ from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, make_backend
+from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
+from rlinf_cosmos3.workers.rollout.factory import make_backend
+from rlinf_cosmos3.workers.rollout.server_process import ServerStartError
 
 logger = logging.getLogger("rlinf_cosmos3.eval")
 
@@ -227,7 +229,8 @@ EVAL_LOG_NAME = "eval_embodiment.log"
 
 
 def run_eval(raw_cfg: Any, config_name: str) -> int:
-    """Run an evaluation from a Hydra config; returns a process exit code (0 ok, 2 bad config)."""
+    """Run an evaluation from a Hydra config; returns a process exit code (0 ok, 2 bad config, 1 when the
+    rollout backend's servers do not start)."""
     from rlinf_cosmos3.config import ConfigError
     from rlinf_cosmos3.config.eval import load_eval_config
     from rlinf_cosmos3.tracking import start_run
@@ -251,8 +254,12 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
                 env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
                 cfg.rollout.pipeline_stage_num, env.envs_per_stage(cfg.rollout.pipeline_stage_num),
                 cfg.rollout.rollout_backend)
-    with Cluster(cfg.cluster) as cluster:
-        summary = PipelinedEvalRunner(cfg, run_dir.root).run(cluster)
+    try:
+        with Cluster(cfg.cluster) as cluster:  # Ray, env workers and servers are all stopped on the way out
+            summary = PipelinedEvalRunner(cfg, run_dir.root).run(cluster)
+    except ServerStartError as err:  # e.g. a bad rollout.sglang.extra_server_args: the log tail says why
+        logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
+        return 1
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
                 "(%s, cap %d steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
                 "%.1f s on simulation",

@@ -24,8 +24,15 @@ from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
 from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
 from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
-from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256
+from rlinf_cosmos3.config.sft import SFTConfig, check_micro_batch_fits, load_sft_config
+from rlinf_cosmos3.models.cosmos3.identity import (
+    IDENTITY_FILE,
+    IdentityError,
+    ModelIdentity,
+    compare_identities,
+    file_sha256,
+    read_identity,
+)
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
     checkpoint_root,
@@ -51,6 +58,8 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
         cfg = load_sft_config(resolved)
         resolved = absolute_paths(resolved)
         cfg = load_sft_config(resolved)
+        check_micro_batch_fits(cfg)  # counts the samples (meta/episodes): a micro-batch too large fails here
+        check_resume_identity(cfg)
         if cfg.data.latent_cache_dir:  # a cache made from other inputs fails here, before any rank starts
             from rlinf_cosmos3.data.latent_cache import check_cache
             from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
@@ -104,6 +113,42 @@ def training_identity(cfg: SFTConfig) -> ModelIdentity:
                          normalization=model.action_normalization, stats_sha256=file_sha256(stats),
                          domain_name=model.domain_name, caption_style=model.caption_style,
                          gripper_convention=cfg.data.dataset.gripper_convention, stats_path=str(stats.resolve()))
+
+
+RESUME_IDENTITY_FIELDS = {
+    "fps": "actor.model.fps", "action_horizon": "actor.model.action_horizon", "num_frames": "actor.model.num_frames",
+    "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
+    "view_point": "actor.model.view_point", "normalization": "actor.model.action_normalization",
+    "stats_sha256": "data.dataset.stats_path", "domain_name": "actor.model.domain_name",
+}
+"""Identity field -> the SFT config field that sets it (``view_point`` is fixed by the policy, not configurable)."""
+
+
+def check_resume_identity(cfg: SFTConfig) -> None:
+    """A resumed run must train what the checkpoint was trained with: same model settings and stats file.
+
+    Resuming "exactly" with another stats file or fps would continue the optimizer state on other
+    targets, and the checkpoints written next would claim an identity the first steps did not have.
+    A checkpoint saved before identities were recorded has none: nothing to compare.
+    """
+    if not cfg.runner.resume_dir:
+        return
+    try:
+        trained = read_identity(cfg.runner.resume_dir)
+    except IdentityError as err:
+        raise ConfigError("runner.resume_dir", f"unreadable training identity: {err}",
+                          "resume from a checkpoint this project wrote, or start a new run") from err
+    if trained is None:
+        return
+    mismatches = compare_identities(trained, training_identity(cfg), RESUME_IDENTITY_FIELDS)
+    if mismatches:
+        described = "; ".join(
+            f"{m.config_field}: the checkpoint was trained with {m.field}={m.model_value!r}, this run has "
+            f"{m.configured_value!r}" for m in mismatches)
+        raise ConfigError("runner.resume_dir",
+                          f"'{cfg.runner.resume_dir}' was trained with other settings ({IDENTITY_FILE}): {described}",
+                          "resume with the settings (and stats file) of the run that wrote it, or start a new run "
+                          "without runner.resume_dir")
 
 
 class SFTRunner:

@@ -64,6 +64,17 @@ class SimCommandError(RuntimeError):
         self.remote_traceback = remote_traceback
 
 
+def require_simulator_python(python: str | os.PathLike[str] | None = None) -> Path:
+    """The simulator environment's interpreter (default: ``paths.libero_python()``); FileNotFoundError
+    saying how to get one when it is not there."""
+    path = Path(python) if python is not None else paths.libero_python()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"simulator interpreter {path} not found; build it with requirements/install.sh "
+            "or point RLINF_COSMOS3_LIBERO_PYTHON at it")
+    return path
+
+
 def simulator_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a simulator child: LIBERO's config dir, EGL rendering, and only this
     checkout on PYTHONPATH (an inherited main-environment PYTHONPATH could shadow numpy < 2)."""
@@ -93,11 +104,7 @@ class LiberoSimProcess:
                  startup_timeout_s: float = STARTUP_TIMEOUT_S, name: str = "libero-sim") -> None:
         self.name = name
         self.timeout_s = timeout_s
-        self._python = Path(python) if python is not None else paths.libero_python()
-        if not self._python.exists():
-            raise FileNotFoundError(
-                f"simulator interpreter {self._python} not found; build it with requirements/install.sh "
-                "or point RLINF_COSMOS3_LIBERO_PYTHON at it")
+        self._python = require_simulator_python(python)
         self._own_log = log_path is None
         if log_path is None:
             fd, tmp = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")

@@ -1,4 +1,7 @@
-"""Per-suite facts shared by demonstration recording and evaluation (DESIGN.md section 3)."""
+"""Per-suite facts shared by demonstration recording and evaluation.
+
+The one home of these conventions (docs/architecture.md, "Where each convention lives").
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,15 @@ SUITE_MAX_STEPS: dict[str, int] = {
     "libero_10": 520,
     "libero_90": 400,
 }
+# Tasks per suite and fixed init states per task, as shipped by LIBERO (rlinf-libero 0.1.3).
+SUITE_NUM_TASKS: dict[str, int] = {
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
+}
+NUM_INIT_STATES = 50
 # No-op steps run after a reset so objects settle before the policy acts (LIBERO eval practice).
 NUM_SETTLE_STEPS = 10
 # The no-op command: no motion, gripper open (LIBERO: -1 = open).

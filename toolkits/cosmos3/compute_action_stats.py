@@ -31,6 +31,18 @@ from rlinf_cosmos3.actions.stats import (
 from rlinf_cosmos3.id_lists import parse_id_list
 
 logger = logging.getLogger("compute_action_stats")
+DATA_FIX = ("give the root of a LIBERO LeRobot v3 dataset (meta/info.json, a 7-D 'action' column with the gripper "
+            "stored in [0, 1]), e.g. one written by toolkits/libero/record_demos.py")
+
+
+def _fail(problem: str, fix: str) -> int:
+    """Exit code 2 after one line naming the input and the fix; nothing is written."""
+    logger.error("error: %s (fix: %s)", problem, fix)
+    return 2
+
+
+def _span(ids: list[int]) -> str:
+    return f"{min(ids)}..{max(ids)}" if ids else "(none)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,19 +73,31 @@ def main(argv: list[str] | None = None) -> int:
              "recorded in the metadata, training and evaluation must declare the same",
     )
     args = parser.parse_args(argv)
+    if args.chunk_length < 1:  # before the dataset is opened
+        parser.error(f"--chunk-length: must be >= 1, got {args.chunk_length} (fix: the model's action horizon, "
+                     f"{DEFAULT_CHUNK_LENGTH} for Cosmos3)")
+    if args.max_samples is not None and args.max_samples < 1:
+        parser.error(f"--max-samples: must be >= 1, got {args.max_samples} (fix: leave it out to use every chunk)")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     # Never reach for the Hugging Face hub: a missing file must be an error, not a download.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     try:
         data = read_lerobot_episode_actions(args.data, repo_id=args.repo_id)
-        episodes = data.episodes
-        if args.episodes is not None:
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(f"--data: {exc}", DATA_FIX)
+    episodes = data.episodes
+    if args.episodes is not None:
+        try:
             wanted = set(parse_id_list(args.episodes, "--episodes"))
-            missing = sorted(wanted - set(data.episode_indices))
-            if missing:
-                raise ValueError(f"--episodes {missing} are not in the dataset ({len(data.episodes)} episodes)")
-            episodes = [ep for i, ep in zip(data.episode_indices, data.episodes, strict=True) if i in wanted]
+        except ValueError as exc:
+            return _fail(str(exc), "give ids or ranges such as 0-39 or 0 2 5")
+        missing = sorted(wanted - set(data.episode_indices))
+        if missing:
+            return _fail(f"--episodes {missing} are not in the dataset ({len(data.episodes)} episodes)",
+                         f"choose among the dataset's episode indexes {_span(data.episode_indices)}")
+        episodes = [ep for i, ep in zip(data.episode_indices, data.episodes, strict=True) if i in wanted]
+    try:
         stats = compute_action_stats(
             episodes,
             chunk_length=args.chunk_length,
@@ -82,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             gripper_convention=args.gripper_convention,
             metadata={"fps": data.fps, "dataset_root": str(data.root), "repo_id": data.repo_id},
         )
-    except (FileNotFoundError, ValueError) as exc:
-        logger.error("error: %s", exc)
-        return 2
+    except ValueError as exc:  # the actions themselves (gripper convention, NaN, episodes shorter than a chunk)
+        return _fail(f"--data: {exc}", DATA_FIX)
     out = args.out / STATS_FILENAME if args.out.is_dir() else args.out
     write_action_stats(stats, out)
 

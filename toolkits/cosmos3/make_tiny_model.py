@@ -42,8 +42,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.materialize_on and PRESETS[args.preset].write_weights:
         parser.error(f"--materialize-on is for presets without CPU weights; {args.preset!r} has them")
-    out = write_model_dir(args.out, preset=args.preset, seed=args.seed, overwrite=args.overwrite,
-                          num_layers=args.num_layers)
+    try:
+        out = write_model_dir(args.out, preset=args.preset, seed=args.seed, overwrite=args.overwrite,
+                              num_layers=args.num_layers)
+    except FileExistsError as err:  # --out in use, no --overwrite
+        parser.error(f"--out: {err}")
+    except ValueError as err:  # --num-layers out of the preset's range
+        parser.error(f"--num-layers: {err}")
     if args.materialize_on:
         write_random_weights(out, device=args.materialize_on, seed=args.seed)
     logging.getLogger(__name__).info("done: %s", out)

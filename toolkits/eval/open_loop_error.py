@@ -34,10 +34,32 @@ def command_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, flo
     }
 
 
+FLAGS = {"model_path": "--model", "action_stats_path": "--stats", "num_inference_steps": "--steps"}
+"""``rollout.model`` field -> the flag that sets it here."""
+DATA_FLAGS = {"episodes": "--episodes", "stats_path": "--stats"}
+"""``data`` field -> the flag that sets it here (the others follow from --data)."""
+
+
+def check_model(model_cfg: Any) -> None:
+    """The checks evaluation makes before it starts (complete model directory, valid stats file, the model's
+    training identity against these settings), with errors naming this tool's flags; ValueError."""
+    from rlinf_cosmos3.config import ConfigError
+
+    try:
+        model_cfg.validate("rollout.model")
+        model_cfg.check_components("rollout.model")
+    except ConfigError as err:
+        name = err.field.rsplit(".", 1)[-1]
+        flag = FLAGS.get(name, err.field)
+        raise ValueError(f"{flag}: {err.problem}" + (f" (fix: {err.fix})" if err.fix else "")) from err
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from rlinf_cosmos3.config import ConfigError
     from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset
+    from rlinf_cosmos3.data.checks import DatasetMismatchError
     from rlinf_cosmos3.id_lists import parse_id_list
     from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
     from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
@@ -45,10 +67,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     model_cfg = RolloutModelConfig(model_path=str(args.model), action_stats_path=str(args.stats),
                                    action_normalization="quantile_rot", num_inference_steps=args.steps)
+    check_model(model_cfg)
     adapter = Cosmos3ActionAdapter(model_cfg, batching_max_size=1)
     episodes = parse_id_list(args.episodes, "--episodes")
-    data = LiberoLeRobotDataset(LiberoDataConfig(root=str(args.data), repo_id="local/open_loop",
-                                                 stats_path=str(args.stats), episodes=episodes))
+    try:
+        data = LiberoLeRobotDataset(LiberoDataConfig(root=str(args.data), repo_id="local/open_loop",
+                                                     stats_path=str(args.stats), episodes=episodes))
+    except (ConfigError, DatasetMismatchError) as err:  # the reader names data.* fields: say which flag sets them
+        flag = DATA_FLAGS.get(err.field.rsplit(".", 1)[-1], "--data")
+        raise ValueError(f"{flag}: {err.problem}" + (f" (fix: {err.fix})" if err.fix else "")) from err
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     policy = Cosmos3Policy.from_pretrained(args.model, device=device, transformer_dtype=dtype)

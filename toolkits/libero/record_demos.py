@@ -20,6 +20,8 @@ import signal
 import sys
 from pathlib import Path
 
+from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.demos.checks import check_record_config
 from rlinf_cosmos3.demos.recorder import (
     CAMERA_STORAGES,
     RecordConfig,
@@ -29,10 +31,19 @@ from rlinf_cosmos3.demos.recorder import (
 )
 from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
 from rlinf_cosmos3.id_lists import parse_id_list
-from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, SUITE_MAX_STEPS
+from rlinf_cosmos3.sim.libero_suites import (
+    NUM_INIT_STATES,
+    NUM_SETTLE_STEPS,
+    SUITE_MAX_STEPS,
+    SUITE_NUM_TASKS,
+)
 
 logger = logging.getLogger("record_demos")
-NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+NUM_TASKS = SUITE_NUM_TASKS
+FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init-states", "out": "--out",
+         "max_steps": "--max-steps", "num_settle_steps": "--settle-steps", "num_envs": "--num-envs",
+         "policy.noise_std": "--action-noise", "camera_storage": "--camera-storage"}
+"""RecordConfig field -> the flag that sets it."""
 
 
 def _parse_ids(tokens: list[str], what: str) -> list[int]:
@@ -43,11 +54,13 @@ def _parse_ids(tokens: list[str], what: str) -> list[int]:
 
 
 def parse_init_states(tokens: list[str]) -> list[int]:
-    """One plain integer N = the first N init states; anything else = explicit ids."""
+    """One plain integer N = the first N init states; anything else = explicit ids (ranges: the recorder's
+    checks)."""
     if len(tokens) == 1 and tokens[0].strip().isdigit():
         count = int(tokens[0])
-        if count < 1:
-            raise argparse.ArgumentTypeError("--init-states: a count must be >= 1")
+        if not 1 <= count <= NUM_INIT_STATES:
+            raise argparse.ArgumentTypeError(f"--init-states: a count must be in 1..{NUM_INIT_STATES} (LIBERO has "
+                                             f"{NUM_INIT_STATES} fixed init states per task), got {count}")
         return list(range(count))
     return _parse_ids(tokens, "--init-states")
 
@@ -84,12 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        task_ids, init_state_ids = parse_task_ids(args.task_ids, args.suite), parse_init_states(args.init_states)
+    except argparse.ArgumentTypeError as err:
+        parser.error(str(err))  # exit code 2 with the usage, before any simulator starts
     cfg = RecordConfig(
         suite=args.suite,
-        task_ids=parse_task_ids(args.task_ids, args.suite),
-        init_state_ids=parse_init_states(args.init_states),
+        task_ids=task_ids,
+        init_state_ids=init_state_ids,
         out=args.out,
         repo_id=args.repo_id,
         max_steps=args.max_steps,
@@ -100,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         policy=PolicyConfig(noise_std=args.action_noise),
         camera_storage=args.camera_storage,
     )
+    try:  # every input, before a simulator starts or --out is created
+        check_record_config(cfg, CAMERA_STORAGES)
+    except ConfigError as err:
+        fix = f" (fix: {err.fix})" if err.fix else ""
+        if err.field in FLAGS:
+            parser.error(f"{FLAGS[err.field]}: {err.problem}{fix}")  # exit code 2, with the usage
+        print(f"{parser.prog}: error: {err.field}: {err.problem}{fix}", file=sys.stderr)
+        return 2
     # Ctrl-C / SIGINT stops the recording and keeps what was saved, also when this was started as a
     # background job (shells start those with SIGINT ignored, and Python then installs no handler).
     signal.signal(signal.SIGINT, signal.default_int_handler)

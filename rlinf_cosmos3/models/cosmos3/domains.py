@@ -2,7 +2,7 @@
 
 diffusers 0.42.1 knows ``libero`` as embodiment domain 5 (it selects the domain-aware action
 projection weights) but leaves it out of its width table, because LIBERO's width depends on the
-dataset's rotation encoding. Ours is fixed by the conventions in DESIGN.md §3:
+dataset's rotation encoding. Ours is fixed by the conventions in docs/action_conventions.md:
 ``[dpos(3), rot6d(6), gripper(1)]`` = 10 channels, predicted 16 steps at a time.
 
 This module imports nothing heavy, so configs and clients can read the constants without

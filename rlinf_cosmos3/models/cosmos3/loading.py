@@ -31,12 +31,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from rlinf_cosmos3.models.cosmos3.components import (  # the names are re-exported: callers import them from here
+    SCHEDULER_DIR,
+    TOKENIZER_DIR,
+    TRANSFORMER_DIR,
+    VAE_DIR,
+    missing_components,
+)
+
 logger = logging.getLogger(__name__)
 
-TRANSFORMER_DIR = "transformer"
-VAE_DIR = "vae"
-TOKENIZER_DIR = "text_tokenizer"
-SCHEDULER_DIR = "scheduler"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 
@@ -44,11 +48,7 @@ WEIGHTS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 def check_model_dir(model_dir: str | Path) -> Path:
     """The directory, after checking it has every component; the error lists what is missing."""
     root = Path(model_dir).expanduser()
-    missing = [
-        name
-        for name in ("model_index.json", TRANSFORMER_DIR, VAE_DIR, TOKENIZER_DIR, SCHEDULER_DIR)
-        if not (root / name).exists()
-    ]
+    missing = missing_components(root, transformer_config=False)  # the components, as before
     if missing:
         raise FileNotFoundError(f"'{root}' is not a complete diffusers Cosmos3 directory: missing {missing}")
     return root

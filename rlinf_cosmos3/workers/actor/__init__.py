@@ -1,26 +1,6 @@
-"""The SFT actor: optimizer/schedule/clipping (``optim``), power EMA (``ema``) and the FSDP worker."""
+"""The SFT actor: :class:`~rlinf_cosmos3.workers.actor.fsdp_sft_worker.FSDPSFTWorker`, one FSDP2 rank.
 
-from rlinf_cosmos3.workers.actor.ema import PowerEMA, power_ema_exponent
-from rlinf_cosmos3.workers.actor.optim import (
-    TrainableSelection,
-    build_optimizer,
-    build_param_groups,
-    clean_param_name,
-    clip_grad_norm,
-    lambda_linear_factor,
-    lambda_linear_schedule,
-    select_trainable,
-)
-
-__all__ = [
-    "PowerEMA",
-    "TrainableSelection",
-    "build_optimizer",
-    "build_param_groups",
-    "clean_param_name",
-    "clip_grad_norm",
-    "lambda_linear_factor",
-    "lambda_linear_schedule",
-    "power_ema_exponent",
-    "select_trainable",
-]
+What a rank builds from (optimizer, LR schedule, clipping, EMA, the optimizer step) lives in
+:mod:`rlinf_cosmos3.components`, below the workers, so ``checkpoint/`` can use it too.
+This package root imports nothing heavy; import ``fsdp_sft_worker`` explicitly.
+"""

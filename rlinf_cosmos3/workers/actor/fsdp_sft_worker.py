@@ -25,6 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
 from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.components.ema import PowerEMA
+from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
 from rlinf_cosmos3.components.train_step import sample_generators, train_step
 from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
@@ -37,8 +39,6 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
 from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
 from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize, precision_dtype
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
-from rlinf_cosmos3.workers.actor.ema import PowerEMA
-from rlinf_cosmos3.workers.actor.optim import build_optimizer, lambda_linear_schedule, select_trainable
 
 __all__ = ["FSDPSFTWorker", "sample_generators"]
 

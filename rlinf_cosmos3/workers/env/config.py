@@ -9,19 +9,17 @@ always reported together with its cap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlinf_cosmos3.config.base import require
-from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, SUITE_MAX_STEPS
+from rlinf_cosmos3.paths import libero_python
+from rlinf_cosmos3.sim.libero_suites import (  # re-exported: the eval config's callers import them from here
+    NUM_INIT_STATES,
+    NUM_SETTLE_STEPS,
+    SUITE_MAX_STEPS,
+    SUITE_NUM_TASKS,
+)
 
-# Tasks per suite and fixed init states per task, as shipped by LIBERO (rlinf-libero 0.1.3).
-SUITE_NUM_TASKS: dict[str, int] = {
-    "libero_spatial": 10,
-    "libero_object": 10,
-    "libero_goal": 10,
-    "libero_10": 10,
-    "libero_90": 90,
-}
-NUM_INIT_STATES = 50
 # LIBERO controls the robot at 20 Hz; videos play in real time at this rate.
 CONTROL_FPS = 20
 
@@ -61,6 +59,9 @@ class EnvEvalConfig:
     sim_startup_timeout_s: float = 120.0
     max_episode_retries: int = 2
     """Re-runs of an episode whose simulator process crashed, before it is reported with ``error``."""
+    python: str | None = None
+    """Interpreter of the simulator environment; None: ``rlinf_cosmos3.paths.libero_python()``
+    (``RLINF_COSMOS3_LIBERO_PYTHON``, else ``.venv-libero`` in the checkout)."""
 
     # ------------------------------------------------------------------ derived values
     def resolved_max_episode_steps(self) -> int:
@@ -77,6 +78,10 @@ class EnvEvalConfig:
     @property
     def num_episodes(self) -> int:
         return len(self.resolved_task_ids()) * len(self.resolved_init_state_ids())
+
+    @property
+    def interpreter(self) -> Path:
+        return Path(self.python) if self.python else libero_python()
 
     def envs_per_stage(self, pipeline_stage_num: int) -> int:
         """``E / (W * S)``: envs in one pipeline stage of one worker."""
@@ -130,3 +135,11 @@ class EnvEvalConfig:
         require(self.max_episode_retries >= 0, f"{root}.max_episode_retries",
                 f"must be >= 0, got {self.max_episode_retries}")
         return self
+
+    def check_interpreter(self, root: str = "env.eval") -> Path:
+        """The simulator environment's python must exist before any env worker tries to start one."""
+        require(self.interpreter.is_file(), f"{root}.python",
+                f"simulator interpreter not found at '{self.interpreter}' (the LIBERO environment is not installed "
+                "there)", f"run requirements/install.sh (it builds .venv-libero), or point {root}.python or "
+                "RLINF_COSMOS3_LIBERO_PYTHON at the simulator environment's python")
+        return self.interpreter

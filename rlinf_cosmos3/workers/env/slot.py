@@ -110,7 +110,7 @@ class EnvSlot:
             return
         self.num_process_starts += 1
         self.proc = LiberoSimProcess(
-            name=f"libero-env-slot{self.slot_id}", timeout_s=self.cfg.sim_timeout_s,
+            name=f"libero-env-slot{self.slot_id}", python=self.cfg.interpreter, timeout_s=self.cfg.sim_timeout_s,
             startup_timeout_s=self.cfg.sim_startup_timeout_s)
         self._built_task = None
 

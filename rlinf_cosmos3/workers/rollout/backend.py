@@ -13,23 +13,19 @@ backends share every line of action maths and differ only in where the model run
 ``generate`` is a coroutine so the pipelined eval runner can keep several requests (of different
 stages and servers) in flight at once. Use a backend as a context manager: ``__enter__`` starts
 it and ``__exit__`` always stops it, also when the block raises.
+
+This module imports neither backend (they import it); choosing one by name is
+:mod:`~rlinf_cosmos3.workers.rollout.factory`'s job.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from rlinf_cosmos3.cluster import Cluster
-    from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
-
-BACKENDS = ("sglang", "embedded")
 
 
 class RolloutBackendError(RuntimeError):
@@ -63,28 +59,3 @@ class RolloutBackend(abc.ABC):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-def make_backend(
-    kind: str,
-    model_cfg: RolloutModelConfig,
-    *,
-    sglang_cfg: SGLangConfig | None = None,
-    embedded_cfg: EmbeddedConfig | None = None,
-    log_dir: str | Path,
-    cluster: Cluster | None = None,
-) -> RolloutBackend:
-    """The configured backend, not yet started (``rollout.rollout_backend``: ``sglang`` | ``embedded``)."""
-    if kind == "sglang":
-        from rlinf_cosmos3.workers.rollout.config import SGLangConfig
-        from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
-
-        return SGLangServerGroup(model_cfg, sglang_cfg or SGLangConfig(), log_dir=log_dir, cluster=cluster)
-    if kind == "embedded":
-        from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig
-        from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyBackend
-
-        if cluster is None:
-            raise ValueError("the embedded backend runs in Ray actors: pass the run's Cluster")
-        return EmbeddedPolicyBackend(model_cfg, embedded_cfg or EmbeddedConfig(), cluster=cluster)
-    raise ValueError(f"unknown rollout backend {kind!r}; use one of {list(BACKENDS)}")

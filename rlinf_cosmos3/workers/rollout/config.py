@@ -23,6 +23,7 @@ from rlinf_cosmos3.actions.rotation import ROT6D_DECODES
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_path
 from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
+from rlinf_cosmos3.models.cosmos3.components import missing_components
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
 from rlinf_cosmos3.models.cosmos3.identity import (
     IDENTITY_FILE,
@@ -109,7 +110,7 @@ class RolloutModelConfig:
         """Check every field and the stats file; raises :class:`ConfigError` naming the field."""
         model_dir = require_path(self.model_path if self.model_path != "???" else None, f"{root}.model_path",
                                  "Cosmos3 diffusers model", is_dir=True)
-        for part in ("model_index.json", "text_tokenizer"):
+        for part in ("model_index.json", "text_tokenizer"):  # what the adapter reads; check_components: the rest
             require((model_dir / part).exists(), f"{root}.model_path",
                     f"'{model_dir}' has no {part}; it is not a converted diffusers directory",
                     "point it at the model_diffusers directory written by the checkpoint converter")
@@ -161,6 +162,14 @@ class RolloutModelConfig:
         require(self.caption_style != "cosmos_framework" or self.view_point == CONCAT_VIEW, f"{root}.view_point",
                 f"'{self.view_point}' but caption_style 'cosmos_framework' describes a {CONCAT_VIEW} canvas",
                 f"set {root}.view_point={CONCAT_VIEW}")
+
+    def check_components(self, root: str = "rollout.model") -> None:
+        """Every part SGLang and the embedded pipeline load (transformer, VAE, scheduler too), before a
+        server or worker tries to: a missing one fails there late, inside the server."""
+        missing = missing_components(self.model_path)
+        require(not missing, f"{root}.model_path",
+                f"'{self.model_path}' has no {', '.join(missing)}; it is not a converted diffusers directory",
+                "point it at the model_diffusers directory written by the checkpoint converter")
 
     def identity(self) -> ModelIdentity:
         """The training identity these settings serve (the configured stats file hashed as it is now)."""
@@ -214,11 +223,13 @@ class RolloutModelConfig:
                           "; ".join(fixes) + "; or evaluate a model trained with these settings")
 
     def _check_stats(self, path: Path, root: str) -> None:
-        """The stats file must be valid and computed with this fps and chunk length (when it says so)."""
+        """The stats file must be valid and computed with this fps, chunk length and normalisation (when it
+        says so)."""
         try:
             stats = load_action_stats(path)
         except (ActionStatsError, OSError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{root}.action_stats_path", f"unusable stats file: {err}") from err
+            raise ConfigError(f"{root}.action_stats_path", f"unusable stats file: {err}",
+                              "use the stats file the model was trained with") from err
         meta = stats.get("metadata", {})
         recorded = meta.get("gripper_convention")
         require(recorded in (None, self.gripper_convention), f"{root}.gripper_convention",
@@ -230,7 +241,8 @@ class RolloutModelConfig:
         require(problem is None, f"{root}.gripper_convention",
                 f"'{self.gripper_convention}' but in the stats '{path}' {problem}",
                 "set the convention the model's training data stored (zero_one, pm_one or pm_one_flip)")
-        for key, expected in (("fps", self.fps), ("chunk_length", self.num_action_chunks)):
+        for key, expected in (("fps", self.fps), ("chunk_length", self.num_action_chunks),
+                              ("normalization", self.action_normalization)):
             if key in meta:
                 require(meta[key] == expected, f"{root}.action_stats_path",
                         f"stats in '{path}' were computed with {key}={meta[key]} but the model uses {expected}",
@@ -289,7 +301,8 @@ class SGLangConfig:
                     f"{len(self.gpu_ids)} ids for {self.num_servers} servers x {self.gpus_per_server} GPUs = {need}")
             require(len(set(self.gpu_ids)) == len(self.gpu_ids), f"{root}.gpu_ids", f"duplicate ids in {self.gpu_ids}")
         require(self.host.strip() != "", f"{root}.host", "is empty", "use 127.0.0.1 (or 0.0.0.0 for multi-node)")
-        require(1024 <= self.base_port <= 65000, f"{root}.base_port", f"must be in [1024, 65000], got {self.base_port}")
+        require(1024 <= self.base_port <= 65000, f"{root}.base_port", f"must be in [1024, 65000], got {self.base_port}",
+                f"set {root}.base_port to an unprivileged port, e.g. 30000; a port in use there is skipped")
         require(self.batching_max_size >= 1, f"{root}.batching_max_size", f"must be >= 1, got {self.batching_max_size}")
         require(self.max_inflight_per_server >= 1, f"{root}.max_inflight_per_server",
                 f"must be >= 1, got {self.max_inflight_per_server}")

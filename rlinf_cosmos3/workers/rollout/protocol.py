@@ -1,6 +1,6 @@
 """The action request both backends consume and the response shapes SGLang returns.
 
-A request is SGLang's ``POST /v1/actions/generations`` payload (DESIGN.md §2). The embedded
+A request is SGLang's ``POST /v1/actions/generations`` payload (docs/rollout.md, "The adapter"). The embedded
 diffusers backend reads the very same dict, so both backends see the same images, prompts, steps,
 seed, guidance and flow shift by construction. Every sampling parameter is always sent: the server's
 defaults (480x832, fps 5, 35 steps, seed 42, flow shift 10 for action requests) differ from a LIBERO

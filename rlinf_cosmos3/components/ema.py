@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from rlinf_cosmos3.workers.actor.optim import named_parameters_clean
+from rlinf_cosmos3.components.optim import named_parameters_clean
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _is_rank0() -> bool:
 class PowerEMA:
     """fp32 power-function EMA of a model's trainable parameters.
 
-    Build it after :func:`~rlinf_cosmos3.workers.actor.optim.select_trainable` (and after FSDP2
+    Build it after :func:`~rlinf_cosmos3.components.optim.select_trainable` (and after FSDP2
     sharding, so the shadow holds local shards). Call :meth:`update` after every optimizer step.
     With ``enabled=False`` it holds no tensors and every method is a no-op (``full_state_dict``
     raises, since there is nothing to export).

@@ -1,0 +1,40 @@
+"""What a recording records and where: its own module so that the input checks and the recorder share it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE
+from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, suite_max_steps
+
+
+@dataclass
+class RecordConfig:
+    """What to record and where (see toolkits/libero/record_demos.py for the CLI)."""
+
+    suite: str
+    task_ids: Sequence[int]
+    init_state_ids: Sequence[int]
+    out: Path
+    repo_id: str = "local/libero_demos"
+    max_steps: int | None = None  # recorded steps; None = the suite's cap minus the settle steps
+    num_settle_steps: int = NUM_SETTLE_STEPS
+    seed: int = 0
+    keep_failed: bool = False
+    num_envs: int = 1
+    image_size: int = IMAGE_SIZE
+    fps: int = FPS
+    camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def resolved_max_steps(self) -> int:
+        if self.num_settle_steps < 0:
+            raise ValueError(f"num_settle_steps must be >= 0, got {self.num_settle_steps}")
+        if self.max_steps is not None:
+            if self.max_steps < 1:
+                raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+            return self.max_steps
+        return suite_max_steps(self.suite) - self.num_settle_steps

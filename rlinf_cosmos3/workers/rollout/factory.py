@@ -1,0 +1,44 @@
+"""Choosing a rollout backend by name (``rollout.rollout_backend``): :data:`BACKENDS`, :func:`make_backend`.
+
+Kept apart from the interface (:mod:`~rlinf_cosmos3.workers.rollout.backend`) because both backends
+import the interface: the factory sits above them, so no module of the package imports one that
+imports it back. The backends are imported inside :func:`make_backend`, so reading :data:`BACKENDS`
+(the eval config's validation does) pulls in neither Ray, torch nor httpx.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlinf_cosmos3.cluster import Cluster
+    from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
+    from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+
+BACKENDS = ("sglang", "embedded")
+
+
+def make_backend(
+    kind: str,
+    model_cfg: RolloutModelConfig,
+    *,
+    sglang_cfg: SGLangConfig | None = None,
+    embedded_cfg: EmbeddedConfig | None = None,
+    log_dir: str | Path,
+    cluster: Cluster | None = None,
+) -> RolloutBackend:
+    """The configured backend, not yet started (``rollout.rollout_backend``: ``sglang`` | ``embedded``)."""
+    if kind == "sglang":
+        from rlinf_cosmos3.workers.rollout.config import SGLangConfig
+        from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
+
+        return SGLangServerGroup(model_cfg, sglang_cfg or SGLangConfig(), log_dir=log_dir, cluster=cluster)
+    if kind == "embedded":
+        from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig
+        from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyBackend
+
+        if cluster is None:
+            raise ValueError("the embedded backend runs in Ray actors: pass the run's Cluster")
+        return EmbeddedPolicyBackend(model_cfg, embedded_cfg or EmbeddedConfig(), cluster=cluster)
+    raise ValueError(f"unknown rollout backend {kind!r}; use one of {list(BACKENDS)}")
