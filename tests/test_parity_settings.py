@@ -54,7 +54,7 @@ def _stats_file(path: Path, convention: str) -> Path:
 
 def test_reference_recipe_runs_nvidias_lambda_linear_cycle() -> None:
     """NVIDIA's LIBERO recipe: LambdaLinear over 16,000 steps, stopped at 5,000 -> the LR is still ~71 % of peak."""
-    from rlinf_cosmos3.workers.actor.optim import lambda_linear_factor
+    from rlinf_cosmos3.components.optim import lambda_linear_factor
 
     with initialize_config_dir(config_dir=str(SFT_CONFIGS), version_base=None):
         raw = compose(config_name="libero_sft_cosmos3", overrides=[  # placeholders: only the schedule is read
