@@ -120,6 +120,7 @@ RESUME_IDENTITY_FIELDS = {
     "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
     "view_point": "actor.model.view_point", "normalization": "actor.model.action_normalization",
     "stats_sha256": "data.dataset.stats_path", "domain_name": "actor.model.domain_name",
+    "caption_style": "actor.model.caption_style", "gripper_convention": "data.dataset.gripper_convention",
 }
 """Identity field -> the SFT config field that sets it (``view_point`` is fixed by the policy, not configurable)."""
 
