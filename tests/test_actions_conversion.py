@@ -55,7 +55,7 @@ def test_layout_by_hand() -> None:
 def test_10_to_7_decodes_a_noisy_rot6d_and_keeps_the_gripper() -> None:
     # A model output whose rot6d is not orthonormal: Gram-Schmidt turns (2,0,0 | 0.3,0.5,0) into the identity.
     a10 = np.array([0.5, 0.0, -0.5, 2.0, 0.0, 0.0, 0.3, 0.5, 0.0, 0.7], dtype=np.float32)
-    a7 = actions_10_to_7(a10)
+    a7 = actions_10_to_7(a10, rot6d_decode="gram_schmidt")
     assert a7.dtype == np.float32
     np.testing.assert_allclose(a7, [0.5, 0.0, -0.5, 0.0, 0.0, 0.0, 0.7], atol=1e-7)
 

@@ -1,4 +1,4 @@
-"""Rotation conventions: axis-angle, matrices, rot6d (column layout, Gram-Schmidt), robosuite quats."""
+"""Rotation conventions: axis-angle, matrices, rot6d (column layout, the Gram-Schmidt decode), robosuite quats."""
 
 from __future__ import annotations
 
@@ -77,14 +77,16 @@ def test_rot6d_is_column_major_for_a_non_symmetric_rotation() -> None:
 
 def test_gram_schmidt_of_non_orthonormal_six_vector() -> None:
     # c0 = (0,0,3)/3 = (0,0,1); c1 = (0,2,2) - 2*(0,0,1) = (0,2,0) -> (0,1,0); c2 = c0 x c1 = (-1,0,0).
-    rot = rot6d_to_matrix(np.array([0.0, 0.0, 3.0, 0.0, 2.0, 2.0]))
+    rot = rot6d_to_matrix(np.array([0.0, 0.0, 3.0, 0.0, 2.0, 2.0]), "gram_schmidt")
     expected = np.array([[0.0, 0.0, -1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # Ry(-90 deg)
     np.testing.assert_allclose(rot, expected, atol=1e-15)
     np.testing.assert_allclose(
-        rot6d_to_axis_angle(np.array([0.0, 0.0, 3.0, 0.0, 2.0, 2.0])), [0.0, -math.pi / 2, 0.0], atol=1e-12
+        rot6d_to_axis_angle(np.array([0.0, 0.0, 3.0, 0.0, 2.0, 2.0]), "gram_schmidt"), [0.0, -math.pi / 2, 0.0],
+        atol=1e-12
     )
     # Scaling and a component of c1 along c0 do not change the rotation.
-    np.testing.assert_allclose(rot6d_to_matrix(np.array([2.0, 0, 0, 5.0, 3.0, 0])), np.eye(3), atol=1e-15)
+    np.testing.assert_allclose(rot6d_to_matrix(np.array([2.0, 0, 0, 5.0, 3.0, 0]), "gram_schmidt"), np.eye(3),
+                               atol=1e-15)
 
 
 def test_degenerate_rot6d_is_an_error() -> None:
@@ -161,7 +163,7 @@ def test_gram_schmidt_gives_a_proper_rotation(r6: list[float]) -> None:
     n0 = np.linalg.norm(a0)
     if n0 < 1e-3 or np.linalg.norm(np.cross(a0, a1)) < 1e-3 * n0 * max(np.linalg.norm(a1), 1e-3):
         return  # degenerate inputs are covered by test_degenerate_rot6d_is_an_error
-    rot = rot6d_to_matrix(v)
+    rot = rot6d_to_matrix(v, "gram_schmidt")
     np.testing.assert_allclose(rot.T @ rot, np.eye(3), atol=1e-12)
     assert np.linalg.det(rot) == pytest.approx(1.0, abs=1e-12)
     np.testing.assert_allclose(rot[:, 0], a0 / n0, atol=1e-12)  # first column keeps its direction

@@ -50,6 +50,8 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     # config validates inputs on disk with the pieces' own readers (stats, checkpoint layout, model
     # components): #14 section 4, to move into a validation module above config
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.actions.stats"),
+    ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.actions.conversion"),
+    ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.actions.gripper"),
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.checkpoint.layout"),
     ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.models.cosmos3.components"),
 }

@@ -88,7 +88,10 @@ def _group(n: int) -> RequestGroup:
 # ----------------------------------------------------------------------------- action conventions
 
 
-def test_hand_worked_model_output_to_libero_actions(adapter: Cosmos3ActionAdapter) -> None:
+def test_hand_worked_model_output_to_libero_actions(model_dir: Path, stats_path: Path) -> None:
+    # Worked by hand with the Gram-Schmidt decode (tests/test_parity_* check the default SVD decode).
+    adapter = Cosmos3ActionAdapter(_model_cfg(model_dir, stats_path, rot6d_decode="gram_schmidt").validate(),
+                                   batching_max_size=2)
     out = np.zeros((1, 16, 12), dtype=np.float32)
     out[..., 10:] = 1e6  # channels past raw_action_dim (padding) must be ignored
     # Position: a = (a_n + 1) / 2 * (q99 - q01) + q01.
@@ -173,7 +176,7 @@ def test_build_request_sends_every_parameter(adapter: Cosmos3ActionAdapter) -> N
     assert payload["parameters"] == {
         "action_mode": "policy", "domain_name": "libero", "domain_id": 5, "raw_action_dim": 10,
         "action_horizon": 16, "num_frames": 17, "num_inference_steps": 2, "height": 192, "width": 320,
-        "fps": 20, "seed": 42, "guidance_scale": 1.0, "action_view_point": "concat_view"}
+        "fps": 20, "seed": 42, "guidance_scale": 1.0, "action_view_point": "concat_view", "flow_shift": 5.0}
     assert payload["runtime"] == {"response_format": "raw"}
 
 

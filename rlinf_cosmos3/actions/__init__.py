@@ -1,12 +1,20 @@
-"""Action conventions: rotation maths, 7<->10-D conversion, gripper rule, normalisation, stats.
+"""Action conventions: rotation maths, 7<->10-D conversion, gripper rules, idle frames, normalisation, stats.
 
 The conventions and where they come from are written up in docs/action_conventions.md.
 """
 
 from rlinf_cosmos3.actions.conversion import actions_7_to_10, actions_10_to_7
-from rlinf_cosmos3.actions.gripper import dataset_gripper_to_libero_command, libero_command_to_dataset_gripper
+from rlinf_cosmos3.actions.gripper import (
+    GRIPPER_COMMANDS,
+    GRIPPER_CONVENTIONS,
+    dataset_gripper_to_libero_command,
+    gripper_range_problem,
+    libero_command_to_dataset_gripper,
+)
+from rlinf_cosmos3.actions.idle import count_idle_frames, idle_steps
 from rlinf_cosmos3.actions.normalization import ActionNormalizer, quantile_denormalize, quantile_normalize
 from rlinf_cosmos3.actions.rotation import (
+    ROT6D_DECODES,
     axis_angle_to_matrix,
     axis_angle_to_rot6d,
     matrix_to_axis_angle,
@@ -28,6 +36,9 @@ from rlinf_cosmos3.actions.stats import (
 )
 
 __all__ = [
+    "GRIPPER_COMMANDS",
+    "GRIPPER_CONVENTIONS",
+    "ROT6D_DECODES",
     "STATS_FILENAME",
     "STAT_FIELDS",
     "ActionNormalizer",
@@ -38,7 +49,10 @@ __all__ = [
     "axis_angle_to_matrix",
     "axis_angle_to_rot6d",
     "compute_action_stats",
+    "count_idle_frames",
     "dataset_gripper_to_libero_command",
+    "gripper_range_problem",
+    "idle_steps",
     "libero_command_to_dataset_gripper",
     "load_action_stats",
     "matrix_to_axis_angle",

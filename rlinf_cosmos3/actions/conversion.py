@@ -30,8 +30,12 @@ def actions_7_to_10(a: ArrayLike) -> np.ndarray:
     return out.astype(dtype, copy=False)
 
 
-def actions_10_to_7(a: ArrayLike) -> np.ndarray:
-    """``[..., 10]`` rot6d actions -> ``[..., 7]`` axis-angle actions (rot6d decoded by Gram-Schmidt)."""
+def actions_10_to_7(a: ArrayLike, rot6d_decode: str = "svd") -> np.ndarray:
+    """``[..., 10]`` rot6d actions -> ``[..., 7]`` axis-angle actions.
+
+    ``rot6d_decode``: ``svd`` (cosmos-framework's eval, the default) or ``gram_schmidt`` (RLinf's);
+    see :func:`rlinf_cosmos3.actions.rotation.rot6d_to_matrix`.
+    """
     x, dtype = as_float64(a, ACTION_DIM_10, "actions_10_to_7")
-    out = np.concatenate([x[..., 0:3], rot6d_to_axis_angle(x[..., 3:9]), x[..., 9:10]], axis=-1)
+    out = np.concatenate([x[..., 0:3], rot6d_to_axis_angle(x[..., 3:9], rot6d_decode), x[..., 9:10]], axis=-1)
     return out.astype(dtype, copy=False)

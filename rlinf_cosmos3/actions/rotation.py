@@ -1,14 +1,18 @@
 """Rotation conversions between axis-angle, matrices, rot6d and robosuite quaternions.
 
-Conventions (docs/action_conventions.md, DESIGN.md section 3):
+Conventions (docs/action_conventions.md):
 
 * axis-angle ``aa = angle * unit_axis`` (a rotation vector), radians.
 * rot6d = the first two **columns** of the rotation matrix, flattened column by column:
   ``[R00, R10, R20, R01, R11, R21]``. This is what NVIDIA's cosmos-framework uses
   (``cosmos_framework/data/generator/action/utils/pose_utils.py``: "column-based 6D
   representation"), so our 10-D actions line up with the released Cosmos3 LIBERO stats.
-* Decoding rot6d uses Gram-Schmidt (normalise c0; remove c0 from c1, normalise; c2 = c0 x c1),
-  which is exact for rot6d of a real rotation and gives a valid rotation for a noisy model output.
+* Decoding rot6d (``method="svd"``, the default) is cosmos-framework's closed-loop eval rule:
+  stack ``[c0, c1, c0 x c1]`` as columns and project that matrix onto SO(3) by SVD (the nearest
+  rotation in the Frobenius norm). ``method="gram_schmidt"`` (normalise c0; remove c0 from c1,
+  normalise; c2 = c0 x c1) is RLinf's rule. Both are exact for rot6d of a real rotation; they
+  differ for a noisy model output, which is why evaluation must decode as the training's
+  reference eval does.
 
 All functions are vectorised over leading dims, compute in float64 and return the input's
 floating dtype (float64 for integer input).
@@ -50,12 +54,22 @@ def matrix_to_rot6d(rot: ArrayLike) -> np.ndarray:
     return r6.astype(dtype, copy=False)
 
 
-def rot6d_to_matrix(r6: ArrayLike) -> np.ndarray:
-    """rot6d ``[..., 6]`` -> rotation matrices ``[..., 3, 3]`` by Gram-Schmidt.
+ROT6D_DECODES = ("svd", "gram_schmidt")
+"""How a 6-vector becomes a rotation: cosmos-framework's SVD projection (default) or Gram-Schmidt."""
+
+
+def rot6d_to_matrix(r6: ArrayLike, method: str = "svd") -> np.ndarray:
+    """rot6d ``[..., 6]`` -> rotation matrices ``[..., 3, 3]`` (``method``: ``svd`` or ``gram_schmidt``).
+
+    ``svd``: ``M = [a0, a1, a0 x a1]`` (columns), then ``U V^T`` of ``M = U S V^T``. For independent
+    ``a0, a1`` the third column makes ``det M = |a0 x a1|^2 > 0``, so ``U V^T`` is already a proper
+    rotation and no reflection fix is needed. ``gram_schmidt``: see the module docstring.
 
     Raises ValueError for non-finite input or a degenerate 6-vector (a zero first column, or a
     second column parallel to the first), because no rotation can be read from it.
     """
+    if method not in ROT6D_DECODES:
+        raise ValueError(f"unknown rot6d decode {method!r}; use one of {list(ROT6D_DECODES)}")
     x, dtype = as_float64(r6, 6, "rot6d_to_matrix")
     if not np.all(np.isfinite(x)):
         raise ValueError("rot6d_to_matrix: input contains NaN or inf")
@@ -64,11 +78,15 @@ def rot6d_to_matrix(r6: ArrayLike) -> np.ndarray:
     if np.any(n0 < _DEGENERATE_NORM):
         raise ValueError("rot6d_to_matrix: first column has zero norm; cannot build a rotation")
     c0 = a0 / n0
-    u1 = a1 - np.sum(c0 * a1, axis=-1, keepdims=True) * c0
-    n1 = np.linalg.norm(u1, axis=-1, keepdims=True)
-    if np.any(n1 < _DEGENERATE_NORM):
+    # |c0 x a1| is the part of a1 orthogonal to a0: zero when the columns are parallel.
+    if np.any(np.linalg.norm(np.cross(c0, a1), axis=-1) < _DEGENERATE_NORM):
         raise ValueError("rot6d_to_matrix: second column is parallel to the first; cannot build a rotation")
-    c1 = u1 / n1
+    if method == "svd":
+        stacked = np.stack([a0, a1, np.cross(a0, a1)], axis=-1)
+        u, _, vt = np.linalg.svd(stacked)
+        return (u @ vt).astype(dtype, copy=False)
+    u1 = a1 - np.sum(c0 * a1, axis=-1, keepdims=True) * c0
+    c1 = u1 / np.linalg.norm(u1, axis=-1, keepdims=True)
     c2 = np.cross(c0, c1)
     return np.stack([c0, c1, c2], axis=-1).astype(dtype, copy=False)
 
@@ -79,10 +97,10 @@ def axis_angle_to_rot6d(aa: ArrayLike) -> np.ndarray:
     return matrix_to_rot6d(axis_angle_to_matrix(x)).astype(dtype, copy=False)
 
 
-def rot6d_to_axis_angle(r6: ArrayLike) -> np.ndarray:
-    """rot6d ``[..., 6]`` -> rotation vectors ``[..., 3]`` (Gram-Schmidt, then angle in ``[0, pi]``)."""
+def rot6d_to_axis_angle(r6: ArrayLike, method: str = "svd") -> np.ndarray:
+    """rot6d ``[..., 6]`` -> rotation vectors ``[..., 3]`` (decoded by ``method``, then angle in ``[0, pi]``)."""
     x, dtype = as_float64(r6, 6, "rot6d_to_axis_angle")
-    return matrix_to_axis_angle(rot6d_to_matrix(x)).astype(dtype, copy=False)
+    return matrix_to_axis_angle(rot6d_to_matrix(x, method)).astype(dtype, copy=False)
 
 
 def quat_xyzw_to_axis_angle(q: ArrayLike) -> np.ndarray:

@@ -49,7 +49,14 @@ from typing import Any
 
 import numpy as np
 
-from rlinf_cosmos3.actions.conversion import ACTION_DIM_7, ACTION_DIM_10, ROT6D_SLICE_10, actions_7_to_10
+from rlinf_cosmos3.actions.conversion import (
+    ACTION_DIM_7,
+    ACTION_DIM_10,
+    GRIPPER_INDEX_10,
+    ROT6D_SLICE_10,
+    actions_7_to_10,
+)
+from rlinf_cosmos3.actions.gripper import GRIPPER_CONVENTIONS, GRIPPER_RANGES, gripper_range_problem
 
 logger = logging.getLogger(__name__)
 
@@ -229,13 +236,18 @@ def compute_action_stats(
     max_samples: int | None = None,
     seed: int = 0,
     metadata: Mapping[str, Any] | None = None,
+    gripper_convention: str = "zero_one",
 ) -> dict[str, Any]:
     """Stats of the 10-D actions over all training chunks of the given 7-D episodes.
 
-    ``episodes``: one ``[T, 7]`` array per episode, gripper stored as g in [0, 1] (1 = open).
+    ``episodes``: one ``[T, 7]`` array per episode, gripper stored by ``gripper_convention``
+    (``zero_one``: g in [0, 1], 1 = open; ``pm_one``/``pm_one_flip``: ±1, see
+    :mod:`rlinf_cosmos3.actions.gripper`); values that cannot follow it are an error.
     ``max_samples``: use a seeded random subset of this many chunks (``seed``) instead of all.
     ``metadata``: extra fields (fps, dataset root, ...) merged into the file's metadata.
     """
+    if gripper_convention not in GRIPPER_CONVENTIONS:
+        raise ValueError(f"unknown gripper convention {gripper_convention!r}; use one of {list(GRIPPER_CONVENTIONS)}")
     if chunk_length < 1:
         raise ValueError(f"chunk_length must be >= 1, got {chunk_length}")
     if max_samples is not None and max_samples < 1:
@@ -248,11 +260,13 @@ def compute_action_stats(
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"episode {i}: actions contain NaN or inf")
         g = arr[:, _GRIPPER_INDEX_7]
-        if g.size and (g.min() < 0.0 or g.max() > 1.0):
+        low, high = GRIPPER_RANGES[gripper_convention]
+        if g.size and (g.min() < low or g.max() > high):
             raise ValueError(
-                f"episode {i}: gripper channel spans [{g.min()}, {g.max()}], outside [0, 1]. Stats expect "
-                "the stored convention g = (1 - command) / 2; convert LIBERO -1/+1 commands with "
-                "libero_command_to_dataset_gripper first"
+                f"episode {i}: gripper channel spans [{g.min()}, {g.max()}], outside [{low:g}, {high:g}] of the "
+                f"gripper convention '{gripper_convention}'. For zero_one the stored value is g = (1 - command) / 2 "
+                "(convert LIBERO -1/+1 commands with libero_command_to_dataset_gripper first); a dataset that "
+                "stores -1/+1 is pm_one (robosuite's sign) or pm_one_flip"
             )
         arrays.append(arr)
     lengths = [a.shape[0] for a in arrays]
@@ -268,6 +282,9 @@ def compute_action_stats(
     rows = actions_7_to_10(np.concatenate(arrays, axis=0)[keep])
     w = w[keep]
     raw = _weighted_block(rows, w)
+    problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], gripper_convention)
+    if problem is not None:
+        raise ValueError(f"{problem}: set the gripper convention the dataset really uses")
     n_chunks = len(chunks)
     meta: dict[str, Any] = {
         "embodiment_type": "libero",
@@ -277,6 +294,7 @@ def compute_action_stats(
         "action_dim": ACTION_DIM_10,
         "skip_rotation_dims": list(ROTATION_DIMS),
         "normalization": "quantile_rot",
+        "gripper_convention": gripper_convention,
         "chunk_length": int(chunk_length),
         "sample_stride": 1,
         "num_episodes": len(arrays),

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
+from rlinf_cosmos3.actions.gripper import gripper_range_problem
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.cluster.config import ClusterConfig
@@ -25,6 +27,8 @@ DEFAULT_MAX_TOKENS_PER_PACK = 74_000
 """= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
 needs torch, and configs stay light); a test checks they agree."""
 ATTENTION_BACKENDS = ("auto", "flex", "loop")
+CAPTION_STYLES = ("diffusers", "cosmos_framework")
+"""= ``rlinf_cosmos3.models.cosmos3.captions.CAPTION_STYLES`` (configs do not import models); a test checks it."""
 
 SUPPORTED_PRECISIONS = ("bf16", "fp32")
 
@@ -68,6 +72,10 @@ class ModelConfig:
     attention_backend: str = "auto"
     """Attention of packed samples: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample,
     any device) or ``auto`` (flex on GPU, loop on CPU)."""
+    caption_style: str = "diffusers"
+    """Training caption: ``diffusers`` (the one diffusers and SGLang build at serving time) or
+    ``cosmos_framework`` (NVIDIA's LIBERO training caption, with the layout sentence and the chunk's
+    idle frames); part of the model's identity, evaluation must prompt with the same style."""
 
 
 @dataclass
@@ -188,6 +196,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
             "use e.g. 74000 (the recipe), or null for one transformer call per sample")
     require(model.attention_backend in ATTENTION_BACKENDS, "actor.model.attention_backend",
             f"unknown backend '{model.attention_backend}'", f"use one of {list(ATTENTION_BACKENDS)}")
+    require(model.caption_style in CAPTION_STYLES, "actor.model.caption_style",
+            f"unknown caption style '{model.caption_style}'", f"use one of {list(CAPTION_STYLES)}")
     require(all(v > 0 for v in model.lr_multipliers.values()), "actor.model.lr_multipliers",
             f"multipliers must be > 0, got {model.lr_multipliers}")
     require(optim.lr > 0, "actor.optim.lr", f"must be > 0, got {optim.lr}")
@@ -237,6 +247,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
                 f"{data_value!r} disagrees with the model setting {model_value!r}",
                 "training and evaluation must use the same value: make them equal")
     _check_stats(stats_path, data.fps, data.chunk_length, data.normalization)
+    _check_gripper_convention(stats_path, data.gripper_convention)
     _check_dataset(data)
 
     if check_gpus and cfg.cluster.use_gpus and cfg.cluster.address is None:
@@ -259,6 +270,26 @@ def _check_stats(path: Path, fps: int, chunk_length: int, normalization: str) ->
             require(meta[key] == expected, "data.dataset.stats_path",
                     f"stats in '{path}' were computed with {key}={meta[key]!r} but the run uses {key}={expected!r}",
                     "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
+
+
+def _check_gripper_convention(path: Path, convention: str) -> None:
+    """The stats' gripper range (and recorded convention, when there is one) must fit ``data.dataset.gripper_convention``.
+
+    A ±1 dataset trained as ``zero_one`` (or the reverse) trains fine and evaluates with every gripper
+    command inverted or halved, so it is stopped here, from the stats file alone.
+    """
+    try:
+        stats = load_action_stats(path)
+    except (OSError, ActionStatsError) as err:
+        raise ConfigError("data.dataset.stats_path", f"malformed action stats file: {err}") from err
+    recorded = stats.get("metadata", {}).get("gripper_convention")
+    require(recorded in (None, convention), "data.dataset.gripper_convention",
+            f"'{convention}' but the stats in '{path}' were computed for gripper_convention='{recorded}'",
+            f"set data.dataset.gripper_convention={recorded} or use stats of this dataset")
+    raw = stats["global_raw"]
+    problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], convention)
+    require(problem is None, "data.dataset.gripper_convention", f"'{convention}' but in the stats '{path}' {problem}",
+            "set the convention the dataset really stores (zero_one, pm_one or pm_one_flip)")
 
 
 def _check_resume_dir(value: str) -> None:

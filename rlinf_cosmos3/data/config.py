@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlinf_cosmos3.actions.gripper import GRIPPER_CONVENTIONS
 from rlinf_cosmos3.config.base import ConfigError
 
 # Normalisation methods the reader knows how to apply to the 10-D actions.
@@ -43,6 +44,11 @@ class LiberoDataConfig:
     num_frames: int = 17
     fps: int = 20
     normalization: str = "quantile_rot"
+    gripper_convention: str = "zero_one"
+    """How the dataset stores the gripper: ``zero_one`` (g in [0, 1], 1 = open; ours and NVIDIA's),
+    ``pm_one`` (-1 open / +1 close, the community ``lerobot/libero_*`` sets) or ``pm_one_flip``
+    (signs inverted). Part of the model's identity: evaluation turns predictions back into commands
+    by it (:mod:`rlinf_cosmos3.actions.gripper`)."""
     image_keys: list[str] = field(default_factory=lambda: [MAIN_IMAGE_KEY, WRIST_IMAGE_KEY])
     image_size: list[int] = field(default_factory=lambda: [256, 256])
     """Expected stored frame size as ``[height, width]``."""
@@ -66,6 +72,11 @@ class LiberoDataConfig:
             self.normalization in SUPPORTED_NORMALIZATIONS,
             "normalization",
             f"unknown normalization '{self.normalization}', expected one of {list(SUPPORTED_NORMALIZATIONS)}",
+        )
+        _require(
+            self.gripper_convention in GRIPPER_CONVENTIONS,
+            "gripper_convention",
+            f"unknown gripper convention '{self.gripper_convention}', expected one of {list(GRIPPER_CONVENTIONS)}",
         )
         _require(len(self.image_keys) >= 1, "image_keys", "at least one camera key is needed")
         _require(

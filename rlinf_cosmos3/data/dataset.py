@@ -19,6 +19,9 @@ Sample at frame ``t`` of an episode of ``T`` frames (defaults: 17 frames, 16 act
                     [dpos(3), rot6d(6), gripper(1)], normalised (quantile_rot, global_raw stats)
     action_is_pad   bool  [chunk_length]         True where t+k >= T
     state           float32 [8]                  observation.state at t (not normalised)
+    idle_frames     int64                        idle steps of the chunk, counted on the raw 10-D
+                                                 actions as NVIDIA's captions count them
+                                                 (``rlinf_cosmos3.actions.count_idle_frames``)
     prompt          str                          the episode's task
     episode_index, frame_index, index   int64    episode, frame within episode, dataset row
 
@@ -39,7 +42,7 @@ import torch
 from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10
+from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10, count_idle_frames
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
@@ -108,7 +111,7 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
             item.update({f"{key}_is_pad": is_pad for key in frames})
         sample: dict[str, Any] = {name: _uint8(item[key], key) for key, name in self._image_names.items()}
         sample["frame_is_pad"] = item[f"{self.cfg.image_keys[0]}_is_pad"]
-        sample["actions"] = self._actions_10(item[ACTION_KEY])
+        sample["actions"], sample["idle_frames"] = self._actions_10(item[ACTION_KEY])
         sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
         sample["state"] = item[STATE_KEY].to(torch.float32)
         sample["prompt"] = item["task"]
@@ -116,10 +119,12 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
             sample[key] = item[key].to(torch.int64)
         return sample
 
-    def _actions_10(self, actions_7: torch.Tensor) -> torch.Tensor:
-        """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers)."""
+    def _actions_10(self, actions_7: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers) and the
+        chunk's idle-step count (on the raw 10-D actions, padded steps included)."""
         a10 = actions_7_to_10(actions_7.numpy().astype(np.float64))
-        return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32))
+        idle = torch.tensor(count_idle_frames(a10, self.cfg.fps), dtype=torch.int64)
+        return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32)), idle
 
 
 def _uint8(frames: torch.Tensor, key: str) -> torch.Tensor:
@@ -139,7 +144,8 @@ def _load_normalizer(cfg: LiberoDataConfig) -> ActionNormalizer:
         raise ConfigError("data.stats_path", f"malformed action stats file: {err}") from err
     # Fields the stats writer records about how the stats were made; checked only when present
     # (NVIDIA's bundled file need not carry them).
-    recorded = {"fps": cfg.fps, "chunk_length": cfg.chunk_length, "normalization": cfg.normalization}
+    recorded = {"fps": cfg.fps, "chunk_length": cfg.chunk_length, "normalization": cfg.normalization,
+                "gripper_convention": cfg.gripper_convention}
     for field, expected in recorded.items():
         value = normalizer.metadata.get(field)
         if value is not None and value != expected:

@@ -4,7 +4,7 @@ Decoding 17 frames of two videos and running the frozen VAE costs far more than 
 training step, and gives the same numbers every epoch. The cache stores, for every training sample
 of the reader (same order, same length), what the loss needs instead of pixels: the clean latents,
 the latent-frame validity, and the reader's non-pixel fields (normalised actions, masks, state,
-prompt, indexes). :class:`LatentCacheDataset` then serves samples with no video decoding and no VAE.
+idle-frame count, prompt, indexes). :class:`LatentCacheDataset` then serves samples with no video decoding and no VAE.
 
 A cache directory records what it was made from (:func:`cache_key`: the dataset's files, the reader
 settings, the stats file, the VAE's weights and dtype, the canvas). Opening it for anything else is an
@@ -14,7 +14,7 @@ error that names the difference, never a silent reuse. Layout::
       manifest.json              key, sample count, shapes, dtypes, tasks; written last (complete or absent)
       shard_<r>/                 rows of rank r's share: index.npy, x0_vision.npy (raw bf16/fp32 bits),
                                  vision_frame_valid.npy, actions.npy, action_is_pad.npy, frame_is_pad.npy,
-                                 state.npy, task.npy, episode_index.npy, frame_index.npy
+                                 state.npy, idle_frames.npy, task.npy, episode_index.npy, frame_index.npy
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ from rlinf_cosmos3.data.config import LiberoDataConfig
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: samples carry ``idle_frames`` (the caption of the ``cosmos_framework`` style needs it)."""
 MANIFEST = "manifest.json"
 LATENT_KEY = "x0_vision"
 VALID_KEY = "vision_frame_valid"
-_FIELDS = ("actions", "action_is_pad", "frame_is_pad", "state", "episode_index", "frame_index")
+_FIELDS = ("actions", "action_is_pad", "frame_is_pad", "state", "idle_frames", "episode_index", "frame_index")
 _DTYPES = {"bfloat16": (torch.bfloat16, np.uint16), "float32": (torch.float32, np.float32),
            "float16": (torch.float16, np.float16)}
 

@@ -102,7 +102,8 @@ def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
 
 def training_identity(cfg: SFTConfig) -> ModelIdentity:
     """What this run trains, written into every checkpoint: the model settings (validated against the
-    data), the caption framing of the composed canvas, and the stats file's hash."""
+    data), the caption framing of the composed canvas and the caption style, the dataset's gripper
+    convention, and the stats file's hash."""
     # The framing the policy composes its canvas for (PolicyConfig's default; SFT does not change it).
     from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT
 
@@ -110,7 +111,8 @@ def training_identity(cfg: SFTConfig) -> ModelIdentity:
     return ModelIdentity(fps=model.fps, action_horizon=model.action_horizon, num_frames=model.num_frames,
                          canvas_height=model.canvas_height, canvas_width=model.canvas_width, view_point=VIEW_POINT,
                          normalization=model.action_normalization, stats_sha256=file_sha256(stats),
-                         domain_name=model.domain_name, stats_path=str(stats.resolve()))
+                         domain_name=model.domain_name, caption_style=model.caption_style,
+                         gripper_convention=cfg.data.dataset.gripper_convention, stats_path=str(stats.resolve()))
 
 
 RESUME_IDENTITY_FIELDS = {
@@ -118,6 +120,7 @@ RESUME_IDENTITY_FIELDS = {
     "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
     "view_point": "actor.model.view_point", "normalization": "actor.model.action_normalization",
     "stats_sha256": "data.dataset.stats_path", "domain_name": "actor.model.domain_name",
+    "caption_style": "actor.model.caption_style", "gripper_convention": "data.dataset.gripper_convention",
 }
 """Identity field -> the SFT config field that sets it (``view_point`` is fixed by the policy, not configurable)."""
 

@@ -2,8 +2,10 @@
 
     python toolkits/cosmos3/compute_action_stats.py --data DATASET_DIR --out STATS.json
         [--chunk-length 16] [--seed 0] [--max-samples N] [--repo-id local/name] [--episodes 0-39]
+        [--gripper-convention zero_one|pm_one|pm_one_flip]
 
-Reads the 7-D ``action`` column (gripper stored as g in [0, 1], 1 = open) of every episode,
+Reads the 7-D ``action`` column (gripper stored as g in [0, 1], 1 = open, by default; ±1 for the
+pm_one conventions, see ``rlinf_cosmos3.actions.gripper``) of every episode,
 converts it to 10-D ``[dpos, rot6d, gripper]`` and writes ``{"metadata", "global", "global_raw"}``
 stats over all training chunks (see ``rlinf_cosmos3.actions.stats`` and
 docs/action_conventions.md). If --out is a directory the file is named
@@ -18,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from rlinf_cosmos3.actions.gripper import GRIPPER_CONVENTIONS
 from rlinf_cosmos3.actions.stats import (
     DEFAULT_CHUNK_LENGTH,
     STATS_FILENAME,
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only these episode indexes, as training reads them (data.dataset.episodes): ids or ranges, "
              "e.g. '0-39' or '0 2 5' (default: all)",
     )
+    parser.add_argument(
+        "--gripper-convention", choices=GRIPPER_CONVENTIONS, default="zero_one",
+        help="how the dataset stores the gripper: zero_one (g in [0, 1], 1 = open; ours and NVIDIA's), "
+             "pm_one (-1 open / +1 close, the community lerobot/libero_* sets) or pm_one_flip (signs inverted); "
+             "recorded in the metadata, training and evaluation must declare the same",
+    )
     args = parser.parse_args(argv)
     if args.chunk_length < 1:  # before the dataset is opened
         parser.error(f"--chunk-length: must be >= 1, got {args.chunk_length} (fix: the model's action horizon, "
@@ -94,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             chunk_length=args.chunk_length,
             max_samples=args.max_samples,
             seed=args.seed,
+            gripper_convention=args.gripper_convention,
             metadata={"fps": data.fps, "dataset_root": str(data.root), "repo_id": data.repo_id},
         )
     except ValueError as exc:  # the actions themselves (gripper convention, NaN, episodes shorter than a chunk)

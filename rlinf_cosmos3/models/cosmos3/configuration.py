@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, LIBERO_DOMAIN_NAME, get_action_domain
 from rlinf_cosmos3.models.cosmos3.observation import CANVAS_HEIGHT, CANVAS_WIDTH, VIEW_POINT
 from rlinf_cosmos3.models.cosmos3.packed_attention import BACKENDS as ATTENTION_BACKENDS
@@ -80,6 +81,9 @@ class PolicyConfig:
     resolution_tier: int = 256
     """diffusers ``CosmosActionCondition.resolution_tier``; must bin to the canvas size."""
     view_point: str = VIEW_POINT
+    caption_style: str = "diffusers"
+    """``diffusers`` (the caption diffusers and SGLang build) or ``cosmos_framework`` (NVIDIA's LIBERO
+    training caption, :mod:`~rlinf_cosmos3.models.cosmos3.captions`); part of the model's identity."""
     main_image_key: str = "image"
     wrist_image_key: str = "wrist_image"
     sigma_distribution: str = "waver"
@@ -109,6 +113,11 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.sigma_distribution not in SIGMA_DISTRIBUTIONS:
             raise ValueError(f"sigma_distribution {self.sigma_distribution!r} not in {SIGMA_DISTRIBUTIONS}")
+        if self.caption_style not in CAPTION_STYLES:
+            raise ValueError(f"caption_style {self.caption_style!r} not in {CAPTION_STYLES}")
+        if self.caption_style == "cosmos_framework" and self.view_point != CONCAT_VIEW:
+            raise ValueError(f"caption_style 'cosmos_framework' describes a {CONCAT_VIEW} canvas, "
+                             f"not view_point {self.view_point!r}")
         if not 0.0 <= self.caption_dropout < 1.0:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
         if self.precision is not None:
@@ -139,6 +148,7 @@ def policy_config_from_sft(cfg: SFTConfig, *, precision: str) -> PolicyConfig:
         fps=float(model.fps),
         canvas_height=model.canvas_height,
         canvas_width=model.canvas_width,
+        caption_style=model.caption_style,
         loss_scale=model.loss_scale,
         action_loss_weight=model.action_loss_weight,
         precision=precision if precision != "fp32" else None,

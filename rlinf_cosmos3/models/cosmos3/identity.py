@@ -7,8 +7,13 @@ every checkpoint (``global_step_<N>/model_identity.json``), the converter copies
 the diffusers directory, and evaluation compares it with its ``rollout.model.*`` settings before
 any server or simulator starts.
 
-``num_inference_steps``, the seed and the guidance scale are sampling choices made at serving
-time, not fixed by training, so they are not part of it.
+``num_inference_steps``, the seed, the guidance scale, the flow shift and how the gripper value is
+sent (binary or continuous) are choices made at serving time, not fixed by training, so they are
+not part of it. The caption style and the dataset's gripper convention are: the model learned that
+caption and predicts gripper values in that convention.
+
+``caption_style`` and ``gripper_convention`` came later than the other fields: a file without them
+reads as ``diffusers`` and ``zero_one``, the only caption and gripper convention there were then.
 
 This module imports nothing heavy (no torch, diffusers or Ray): configs read it.
 """
@@ -51,6 +56,10 @@ class ModelIdentity:
     """SHA-256 of the action stats file's bytes: the same file, not just the same name."""
     domain_name: str
     """Embodiment domain of the action head (``libero``)."""
+    caption_style: str = "diffusers"
+    """Action caption the model was trained with (:mod:`~rlinf_cosmos3.models.cosmos3.captions`)."""
+    gripper_convention: str = "zero_one"
+    """How the training data stored the gripper (:mod:`rlinf_cosmos3.actions.gripper`)."""
     stats_path: str = ""
     """Where the stats file was when the model was trained: a hint for error messages, never compared."""
 

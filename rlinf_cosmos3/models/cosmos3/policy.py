@@ -24,6 +24,7 @@ same per-sample losses.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,12 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import Cosmos3OmniPipeline
 from PIL import Image
 from torch import nn
 
 from rlinf_cosmos3.models.cosmos3 import loading
 from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
+from rlinf_cosmos3.models.cosmos3.captioned_pipeline import CaptionedCosmos3Pipeline
+from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_eval_caption
 from rlinf_cosmos3.models.cosmos3.configuration import (
     NUM_TRAIN_TIMESTEPS,
     SHIFT_BY_TIER,
@@ -113,7 +115,7 @@ class Cosmos3Policy(nn.Module):
         self.transformer = transformer
         self.vae = vae.eval().requires_grad_(False)
         self.domain = get_action_domain(self.cfg.domain_name)
-        self.pipeline = Cosmos3OmniPipeline(
+        self.pipeline = CaptionedCosmos3Pipeline(
             transformer=transformer,
             text_tokenizer=tokenizer,
             vae=vae,
@@ -168,9 +170,12 @@ class Cosmos3Policy(nn.Module):
     # ------------------------------------------------------------------ frozen part
 
     @torch.no_grad()
-    def encode_batch(self, batch: Mapping[str, Any]) -> list[EncodedSample]:
-        """Tokenize prompts and VAE-encode the 17-frame canvases of a batch (or take its cached latents)."""
-        return self.processor.encode_batch(batch, self.transformer.config.action_dim)
+    def encode_batch(
+        self, batch: Mapping[str, Any], generator: torch.Generator | Sequence[torch.Generator] | None = None
+    ) -> list[EncodedSample]:
+        """Tokenize prompts and VAE-encode the 17-frame canvases of a batch (or take its cached latents);
+        ``generator`` seeds the ``cosmos_framework`` caption's paraphrase draws without being consumed."""
+        return self.processor.encode_batch(batch, self.transformer.config.action_dim, generator)
 
     # ------------------------------------------------------------------ sequence
 
@@ -252,7 +257,7 @@ class Cosmos3Policy(nn.Module):
         (sample after sample), or one per sample - e.g. seeded from (seed, step, global sample
         index), which makes the draws independent of how the batch is split over ranks.
         """
-        return self.loss_from_encoded(self.encode_batch(batch), generator)
+        return self.loss_from_encoded(self.encode_batch(batch, generator), generator)
 
     def loss_from_encoded(
         self,
@@ -371,14 +376,19 @@ class Cosmos3Policy(nn.Module):
             resolution_tier=cfg.resolution_tier,
             view_point=cfg.view_point,
         )
-        out = self.pipeline(
-            prompt=prompt,
-            action=condition,
-            num_inference_steps=num_inference_steps,
-            guidance_scale=1.0,
-            fps=cfg.fps,
-            generator=torch.Generator().manual_seed(seed),
-            output_type="latent",
-            use_system_prompt=False,
-        )
+        caption = None
+        if cfg.caption_style == "cosmos_framework":  # what NVIDIA's LIBERO eval prompts with
+            caption = cosmos_framework_eval_caption(prompt, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
+                                                    fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
+        with self.pipeline.verbatim_caption(caption) if caption is not None else contextlib.nullcontext():
+            out = self.pipeline(
+                prompt=prompt,
+                action=condition,
+                num_inference_steps=num_inference_steps,
+                guidance_scale=1.0,
+                fps=cfg.fps,
+                generator=torch.Generator().manual_seed(seed),
+                output_type="latent",
+                use_system_prompt=False,
+            )
         return out.action[0]

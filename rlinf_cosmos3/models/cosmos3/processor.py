@@ -5,22 +5,31 @@ Everything here goes through the diffusers pipeline's own helpers (``_prepare_ac
 what the served model sees. The whole micro-batch is prepared and VAE-encoded together (the pipeline
 helpers take a ``[B, T, 3, H, W]`` tensor as well as one clip of PIL images; the two give identical
 pixels, checked by the tests), in chunks of ``vae_batch_size`` clips.
+
+The caption follows ``PolicyConfig.caption_style``: ``diffusers`` lets ``tokenize_prompt`` build it
+from the task (``action_mode="policy"``), exactly as served; ``cosmos_framework`` builds NVIDIA's
+training caption per sample (:mod:`~rlinf_cosmos3.models.cosmos3.captions`: one ``" | "``
+paraphrase, the chunk's ``idle_frames``) and tokenizes that text verbatim with the same chat template.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_training_caption, paraphrases
 from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 
 LATENT_KEY = "x0_vision"
 """Batch key of precomputed VAE latents (``[B, C, T_latent, h, w]``): the batch skips the VAE."""
 LATENT_VALID_KEY = "vision_frame_valid"
+IDLE_FRAMES_KEY = "idle_frames"
+_PARAPHRASE_SALT = 0x5EED_CA97
+"""Mixed into a sample generator's seed for its paraphrase draw, which so never consumes that generator."""
 
 
 @dataclass
@@ -79,6 +88,7 @@ class PolicyProcessor:
         self.cfg = cfg
         self.raw_action_dim = raw_action_dim
         self._prompt_ids: dict[str, tuple[list[int], list[int]]] = {}
+        self._caption_ids: dict[str, tuple[list[int], list[int]]] = {}
 
     @property
     def device(self) -> torch.device:
@@ -105,6 +115,54 @@ class PolicyProcessor:
                 self._prompt_ids.clear()
             self._prompt_ids[prompt] = (list(ids), list(uncond))
         return self._prompt_ids[prompt]
+
+    def caption_ids(self, caption: str) -> tuple[list[int], list[int]]:
+        """(conditional, unconditional) token ids of a ready caption: the chat template, no templates added."""
+        if caption not in self._caption_ids:
+            cfg = self.cfg
+            ids, uncond = self.pipeline.tokenize_prompt(
+                caption, None, num_frames=cfg.num_frames, height=cfg.canvas_height, width=cfg.canvas_width,
+                fps=cfg.fps, use_system_prompt=False, add_resolution_template=False, add_duration_template=False,
+            )
+            if len(self._caption_ids) >= 4096:  # tasks x paraphrases x 17 idle counts; bound it anyway
+                self._caption_ids.clear()
+            self._caption_ids[caption] = (list(ids), list(uncond))
+        return self._caption_ids[caption]
+
+    def training_caption(self, task: str, idle_frames: int, generator: torch.Generator | None = None,
+                         position: int = 0) -> str:
+        """NVIDIA's training caption of one sample (``cosmos_framework`` style).
+
+        A task with ``" | "`` paraphrases trains on one of them, drawn uniformly (as NVIDIA's
+        ``random.choice``) from a generator seeded by ``generator``'s seed and ``position`` (the
+        sample's place in the batch, when one generator serves the whole batch), so the draw is
+        reproducible per (run seed, step, sample) and never shifts the noise draws.
+        """
+        cfg = self.cfg
+        parts = paraphrases(task)
+        if len(parts) == 1:
+            choice = parts[0]
+        else:
+            base = generator.initial_seed() if generator is not None else int(torch.randint(1 << 62, (1,)))
+            seed = base ^ _PARAPHRASE_SALT
+            draw = torch.Generator().manual_seed((seed + position) % (1 << 63))
+            choice = parts[int(torch.randint(len(parts), (1,), generator=draw))]
+        return cosmos_framework_training_caption(
+            choice, idle_frames=idle_frames, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
+            fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
+
+    def sample_ids(self, batch: Mapping[str, Any], i: int, generator: torch.Generator | None = None,
+                   position: int = 0) -> tuple[list[int], list[int]]:
+        """Token ids of sample ``i``'s caption in the configured style (see :meth:`training_caption`)."""
+        prompt = batch["prompt"][i]
+        if self.cfg.caption_style == "diffusers":
+            return self.prompt_ids(prompt)
+        if IDLE_FRAMES_KEY not in batch:
+            raise ValueError(
+                "caption_style 'cosmos_framework' needs the batch's 'idle_frames' (the LIBERO reader adds it; "
+                "a latent cache built before it was recorded has none: rebuild it in a new directory)")
+        caption = self.training_caption(prompt, int(batch[IDLE_FRAMES_KEY][i]), generator, position)
+        return self.caption_ids(caption)
 
     # ------------------------------------------------------------------------------- pixels
 
@@ -148,8 +206,17 @@ class PolicyProcessor:
     # ------------------------------------------------------------------------------- batch
 
     @torch.no_grad()
-    def encode_batch(self, batch: Mapping[str, Any], action_dim: int) -> list[EncodedSample]:
-        """Tokenize prompts, VAE-encode the 17-frame canvases (or take cached latents), prepare actions."""
+    def encode_batch(
+        self,
+        batch: Mapping[str, Any],
+        action_dim: int,
+        generators: torch.Generator | Sequence[torch.Generator] | None = None,
+    ) -> list[EncodedSample]:
+        """Tokenize prompts, VAE-encode the 17-frame canvases (or take cached latents), prepare actions.
+
+        ``generators`` (one per sample, or one for all) only seed the ``cosmos_framework`` style's
+        paraphrase draws; they are not consumed.
+        """
         cfg = self.cfg
         prompts = batch["prompt"]
         actions = batch["actions"]
@@ -178,9 +245,12 @@ class PolicyProcessor:
         if not cfg.mask_padded_frames:
             frame_valid = torch.ones_like(frame_valid)
         action_is_pad = batch.get("action_is_pad")
+        # Per-sample generators (seeded by dataset index) need no position: the draw stays rank-split invariant.
+        shared = not isinstance(generators, Sequence)
         encoded = []
-        for i, prompt in enumerate(prompts):
-            ids, uncond_ids = self.prompt_ids(prompt)
+        for i in range(len(prompts)):
+            generator = generators if shared else generators[i]
+            ids, uncond_ids = self.sample_ids(batch, i, generator, i if shared else 0)
             x0_action, action_valid = prepare_actions(
                 actions[i].to(device), action_is_pad[i] if action_is_pad is not None else None, action_dim
             )

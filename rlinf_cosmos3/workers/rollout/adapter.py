@@ -10,11 +10,14 @@ Shared by both backends; only the transport differs. Per chunk step of one pipel
 3. A backend returns the model's normalised ``[B, 16, >=10]`` output per request.
 4. :meth:`parse_response` keeps the first 10 channels, de-normalises them client-side with the
    ``global_raw`` quantiles (``quantile_rot``; the server is never given the stats), decodes rot6d
-   to axis-angle and applies the gripper rule — all via :mod:`rlinf_cosmos3.actions`.
+   to axis-angle (``rollout.model.rot6d_decode``) and applies the gripper rule of the training
+   data's convention (``gripper_convention``, ``gripper_command``) — all via :mod:`rlinf_cosmos3.actions`.
 5. :meth:`restore_order` scatters the groups' results back to env order.
 
 Observation keys (RLinf's): ``main_images`` and ``wrist_images`` uint8 ``[N, h, w, 3]``, upright
-(the simulator bridge already rotated them by 180°), and ``task_descriptions`` (N strings).
+(the simulator bridge already rotated them by 180°), and ``task_descriptions`` (N strings). A
+request carries each task as the caption style wants it (:func:`~rlinf_cosmos3.models.cosmos3.captions.
+eval_request_text`: the task, or NVIDIA's eval description with the view and layout sentences).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlinf_cosmos3.actions import ActionNormalizer, actions_10_to_7, dataset_gripper_to_libero_command
+from rlinf_cosmos3.models.cosmos3.captions import eval_request_text
 from rlinf_cosmos3.workers.rollout.protocol import SamplingSettings, build_payload, response_actions
 
 if TYPE_CHECKING:
@@ -105,7 +109,7 @@ class Cosmos3ActionAdapter:
             domain_name=model_cfg.domain_name, raw_action_dim=model_cfg.raw_action_dim,
             action_horizon=model_cfg.num_action_chunks, num_inference_steps=model_cfg.num_inference_steps,
             height=model_cfg.height, width=model_cfg.width, fps=model_cfg.fps, seed=model_cfg.seed,
-            guidance_scale=model_cfg.guidance_scale, view_point=model_cfg.view_point,
+            guidance_scale=model_cfg.guidance_scale, view_point=model_cfg.view_point, flow_shift=model_cfg.flow_shift,
         )
         self._token_lengths: PromptTokenLengths | None = None
 
@@ -124,7 +128,8 @@ class Cosmos3ActionAdapter:
 
     def request_groups(self, obs: Mapping[str, Any]) -> list[RequestGroup]:
         """Group a stage's envs by prompt token length, split at ``batching_max_size``."""
-        tasks = [str(t).strip() for t in obs[TASK_DESCRIPTIONS]]
+        style = self.model_cfg.caption_style
+        tasks = [eval_request_text(style, str(t).strip()) for t in obs[TASK_DESCRIPTIONS]]
         main, wrist = np.asarray(obs[MAIN_IMAGES]), np.asarray(obs[WRIST_IMAGES])
         if not (len(tasks) == len(main) == len(wrist)):
             raise ValueError(f"observation batch sizes differ: {len(tasks)} tasks, {len(main)} main images, "
@@ -162,8 +167,10 @@ class Cosmos3ActionAdapter:
         normalized = np.asarray(normalized, dtype=np.float64)
         if not np.isfinite(normalized).all():
             raise ValueError("the model returned non-finite actions")
-        actions = actions_10_to_7(self.normalizer.denormalize(normalized))
-        actions[..., GRIPPER_INDEX_7] = dataset_gripper_to_libero_command(actions[..., GRIPPER_INDEX_7])
+        cfg = self.model_cfg
+        actions = actions_10_to_7(self.normalizer.denormalize(normalized), cfg.rot6d_decode)
+        actions[..., GRIPPER_INDEX_7] = dataset_gripper_to_libero_command(
+            actions[..., GRIPPER_INDEX_7], cfg.gripper_convention, cfg.gripper_command)
         return actions.astype(np.float32)
 
     @staticmethod

@@ -5,8 +5,8 @@ fps, frame count, horizon, canvas size, view point, domain): a mismatch with tra
 ruins every action, so the stats file and method have no defaults, and ``validate()`` compares
 the settings with the training identity the converted model carries (``model_identity.json``,
 :mod:`rlinf_cosmos3.models.cosmos3.identity`) and the stats file's own fps and chunk length
-metadata. ``num_inference_steps``, seed and guidance are sampling choices, not checked. The
-serving sections hold only deployment knobs.
+metadata. ``num_inference_steps``, seed, guidance, flow shift, the gripper command mode and the
+rot6d decode are serving choices, not checked. The serving sections hold only deployment knobs.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
+from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, GRIPPER_CONVENTIONS, gripper_range_problem
 from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
+from rlinf_cosmos3.actions.rotation import ROT6D_DECODES
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_path
+from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.components import missing_components
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
 from rlinf_cosmos3.models.cosmos3.identity import (
@@ -48,7 +52,8 @@ CANVAS_MULTIPLE = 16
 IDENTITY_CONFIG_FIELDS = {
     "fps": "fps", "action_horizon": "num_action_chunks", "num_frames": "num_frames", "canvas_height": "height",
     "canvas_width": "width", "view_point": "view_point", "normalization": "action_normalization",
-    "stats_sha256": "action_stats_path", "domain_name": "domain_name",
+    "stats_sha256": "action_stats_path", "domain_name": "domain_name", "caption_style": "caption_style",
+    "gripper_convention": "gripper_convention",
 }
 """Training identity field -> the ``rollout.model`` field that must equal it."""
 
@@ -83,6 +88,23 @@ class RolloutModelConfig:
     """Framing sentence of the action caption; the side-by-side canvas is a ``concat_view``."""
     precision: str = "bf16"
     """dtype of the embedded backend's pipeline (SGLang picks its own)."""
+    flow_shift: float = 5.0
+    """Shift of the UniPC flow sigmas ``s t / (1 + (s - 1) t)``, sent with every request. 5.0 is what
+    NVIDIA's LIBERO eval samples with (cosmos-framework ``generate_samples_from_batch``); without it
+    SGLang 0.5.23 shifts action requests by 10.0 and the embedded backend by the model's
+    ``scheduler_config.json``."""
+    caption_style: str = "diffusers"
+    """Caption the model was trained with: ``diffusers`` or ``cosmos_framework`` (NVIDIA's); compared
+    with the model's identity. SGLang cannot send NVIDIA's ``idle_frame`` field (docs/eval.md)."""
+    gripper_convention: str = "zero_one"
+    """How the training data stored the gripper (``zero_one``, ``pm_one``, ``pm_one_flip``): the
+    predicted value is turned into a LIBERO command by it; compared with the model's identity."""
+    gripper_command: str = "binary"
+    """``binary`` (-1/+1, open only when the prediction says open: RLinf's and the reference's rule)
+    or ``continuous`` (the clipped value, what cosmos-framework's eval code sends)."""
+    rot6d_decode: str = "svd"
+    """``svd`` (cosmos-framework's eval: ``[c0, c1, c0 x c1]`` projected onto SO(3)) or
+    ``gram_schmidt`` (RLinf's)."""
 
     def validate(self, root: str = "rollout.model") -> RolloutModelConfig:
         """Check every field and the stats file; raises :class:`ConfigError` naming the field."""
@@ -99,6 +121,7 @@ class RolloutModelConfig:
                 f"unknown method '{self.action_normalization}'", f"use one of {list(SUPPORTED_METHODS)}")
         stats_path = require_path(self.action_stats_path if self.action_stats_path != "???" else None,
                                   f"{root}.action_stats_path", "action stats file", is_dir=False)
+        self._check_conventions(root)
         self.check_identity(root)
         self._check_stats(stats_path, root)
         try:
@@ -128,6 +151,18 @@ class RolloutModelConfig:
                 f"use one of {list(PRECISIONS)}")
         return self
 
+    def _check_conventions(self, root: str) -> None:
+        """Sampler, caption, gripper and rot6d settings (the stats' gripper range is checked with the stats)."""
+        require(self.flow_shift > 0, f"{root}.flow_shift", f"must be > 0, got {self.flow_shift}",
+                "use 5.0 (NVIDIA's LIBERO eval)")
+        for name, allowed in (("caption_style", CAPTION_STYLES), ("gripper_convention", GRIPPER_CONVENTIONS),
+                              ("gripper_command", GRIPPER_COMMANDS), ("rot6d_decode", ROT6D_DECODES)):
+            value = getattr(self, name)
+            require(value in allowed, f"{root}.{name}", f"unknown value '{value}'", f"use one of {list(allowed)}")
+        require(self.caption_style != "cosmos_framework" or self.view_point == CONCAT_VIEW, f"{root}.view_point",
+                f"'{self.view_point}' but caption_style 'cosmos_framework' describes a {CONCAT_VIEW} canvas",
+                f"set {root}.view_point={CONCAT_VIEW}")
+
     def check_components(self, root: str = "rollout.model") -> None:
         """Every part SGLang and the embedded pipeline load (transformer, VAE, scheduler too), before a
         server or worker tries to: a missing one fails there late, inside the server."""
@@ -142,6 +177,7 @@ class RolloutModelConfig:
                              canvas_height=self.height, canvas_width=self.width, view_point=self.view_point,
                              normalization=self.action_normalization,
                              stats_sha256=file_sha256(self.action_stats_path), domain_name=self.domain_name,
+                             caption_style=self.caption_style, gripper_convention=self.gripper_convention,
                              stats_path=str(self.action_stats_path))
 
     def check_identity(self, root: str = "rollout.model") -> ModelIdentity | None:
@@ -162,8 +198,9 @@ class RolloutModelConfig:
             logger.warning("'%s' has no %s (a base model, or converted from a checkpoint saved before identities "
                            "were recorded): "
                            "%s.* cannot be checked against the training; make sure fps, num_frames, "
-                           "num_action_chunks, height, width, view_point, action_normalization, domain_name "
-                           "and action_stats_path are the training's", model_dir, IDENTITY_FILE, root)
+                           "num_action_chunks, height, width, view_point, action_normalization, domain_name, "
+                           "caption_style, gripper_convention and action_stats_path are the training's",
+                           model_dir, IDENTITY_FILE, root)
             return None
         fields_ = {name: f"{root}.{field_name}" for name, field_name in IDENTITY_CONFIG_FIELDS.items()}
         mismatches = compare_identities(trained, self.identity(), fields_)
@@ -189,10 +226,21 @@ class RolloutModelConfig:
         """The stats file must be valid and computed with this fps, chunk length and normalisation (when it
         says so)."""
         try:
-            meta = load_action_stats(path).get("metadata", {})
+            stats = load_action_stats(path)
         except (ActionStatsError, OSError, json.JSONDecodeError) as err:
             raise ConfigError(f"{root}.action_stats_path", f"unusable stats file: {err}",
                               "use the stats file the model was trained with") from err
+        meta = stats.get("metadata", {})
+        recorded = meta.get("gripper_convention")
+        require(recorded in (None, self.gripper_convention), f"{root}.gripper_convention",
+                f"'{self.gripper_convention}' but the stats in '{path}' were computed for '{recorded}'",
+                f"set {root}.gripper_convention={recorded}")
+        raw = stats["global_raw"]
+        problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10],
+                                        self.gripper_convention)
+        require(problem is None, f"{root}.gripper_convention",
+                f"'{self.gripper_convention}' but in the stats '{path}' {problem}",
+                "set the convention the model's training data stored (zero_one, pm_one or pm_one_flip)")
         for key, expected in (("fps", self.fps), ("chunk_length", self.num_action_chunks),
                               ("normalization", self.action_normalization)):
             if key in meta:

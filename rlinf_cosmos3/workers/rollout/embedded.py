@@ -11,11 +11,17 @@ the same request gives the same actions, and observation ``i`` gets what a one-o
 with seed ``seed + i`` gets. The outputs are the same normalised ``[B, 16, 10]`` chunks the adapter
 de-normalises.
 The numbers differ from SGLang's for the same seed (different noise draws and sampler code).
+
+Two things only this backend reproduces exactly (:class:`~rlinf_cosmos3.models.cosmos3.captioned_pipeline.
+CaptionedCosmos3Pipeline`): the ``cosmos_framework`` caption style's eval caption, ``"idle_frame"``
+field included (SGLang's request has no such field), and the request's ``flow_shift``, set on the
+scheduler (SGLang takes it from the request too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,12 +47,16 @@ def observation_seed(seed: int, index: int) -> int:
 class EmbeddedPolicyWorker(Worker):
     """One rank: the diffusers pipeline on this rank's device."""
 
-    def __init__(self, model_path: str, precision: str = "bf16") -> None:
+    def __init__(self, model_path: str, precision: str = "bf16", caption_style: str = "diffusers") -> None:
         import torch
-        from diffusers import Cosmos3OmniPipeline
 
+        from rlinf_cosmos3.models.cosmos3.captioned_pipeline import CaptionedCosmos3Pipeline
+        from rlinf_cosmos3.models.cosmos3.captions import check_style
+
+        check_style(caption_style)
+        self.caption_style = caption_style
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.pipe = Cosmos3OmniPipeline.from_pretrained(model_path, enable_safety_checker=False, dtype=dtype)
+        self.pipe = CaptionedCosmos3Pipeline.from_pretrained(model_path, enable_safety_checker=False, dtype=dtype)
         self.pipe.to(self.device)
         self.pipe.set_progress_bar_config(disable=True)
         self.logger.info("Cosmos3 pipeline loaded from %s on %s (%s)", model_path, self.device, precision)
@@ -67,18 +77,31 @@ class EmbeddedPolicyWorker(Worker):
         if tuple(images.shape[1:3]) != canvas:
             raise ValueError(f"images are {images.shape[1]}x{images.shape[2]}, the request's canvas is "
                              f"{canvas[0]}x{canvas[1]}: compose them first (the SGLang path would crop)")
+        if "flow_shift" in params:
+            self.pipe.use_flow_shift(float(params["flow_shift"]))
         chunks = []
         for index, (image, prompt) in enumerate(zip(images, prompts, strict=True)):
             condition = policy_condition(image, domain_name=params["domain_name"],
                                          chunk_size=int(params["action_horizon"]),
                                          view_point=params["action_view_point"])
             generator = torch.Generator(device=self.device).manual_seed(observation_seed(int(params["seed"]), index))
-            with torch.inference_mode():
+            with torch.inference_mode(), self._caption(prompt, params):
                 out = self.pipe(prompt=prompt, action=condition, num_inference_steps=int(params["num_inference_steps"]),
                                 fps=float(params["fps"]), guidance_scale=float(params["guidance_scale"]),
                                 generator=generator, output_type="latent", use_system_prompt=False)
             chunks.append(out.action[0].float().cpu().numpy())
         return np.stack(chunks).astype(np.float32)
+
+    def _caption(self, prompt: str, params: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+        """diffusers' own caption, or NVIDIA's eval caption verbatim (``cosmos_framework``)."""
+        if self.caption_style == "diffusers":
+            return contextlib.nullcontext()
+        from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_eval_caption
+
+        caption = cosmos_framework_eval_caption(
+            prompt, action_horizon=int(params["action_horizon"]), num_frames=int(params["num_frames"]),
+            fps=float(params["fps"]), height=int(params["height"]), width=int(params["width"]))
+        return self.pipe.verbatim_caption(caption)
 
 
 class EmbeddedPolicyBackend(RolloutBackend):
@@ -104,7 +127,7 @@ class EmbeddedPolicyBackend(RolloutBackend):
             raise RuntimeError("EmbeddedPolicyBackend is already started")
         self._group = WorkerGroup(
             EmbeddedPolicyWorker, self.cluster, self.cfg.num_workers,
-            args=(str(self.model_cfg.model_path), self.model_cfg.precision),
+            args=(str(self.model_cfg.model_path), self.model_cfg.precision, self.model_cfg.caption_style),
             gpus_per_rank=self.cfg.gpus_per_worker, cpus_per_rank=self.cfg.cpus_per_worker,
             name="EmbeddedPolicyGroup", init_distributed=False,
         )

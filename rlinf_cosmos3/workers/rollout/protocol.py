@@ -2,8 +2,9 @@
 
 A request is SGLang's ``POST /v1/actions/generations`` payload (docs/rollout.md, "The adapter"). The embedded
 diffusers backend reads the very same dict, so both backends see the same images, prompts, steps,
-seed and guidance by construction. Every sampling parameter is always sent: the server's defaults
-(480x832, fps 5, 35 steps, seed 42) differ from a LIBERO model's settings.
+seed, guidance and flow shift by construction. Every sampling parameter is always sent: the server's
+defaults (480x832, fps 5, 35 steps, seed 42, flow shift 10 for action requests) differ from a LIBERO
+model's settings.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class SamplingSettings:
     seed: int
     guidance_scale: float
     view_point: str
+    flow_shift: float = 5.0
 
     @property
     def domain_id(self) -> int:
@@ -63,6 +65,7 @@ def build_payload(images: np.ndarray, prompts: Sequence[str], settings: Sampling
             "seed": settings.seed,
             "guidance_scale": settings.guidance_scale,
             "action_view_point": settings.view_point,
+            "flow_shift": settings.flow_shift,
         },
         "runtime": {"response_format": response_format},
     }
