@@ -18,42 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_cosmos3.id_lists import parse_id_list
+from rlinf_cosmos3.tracking.results_file import read_results
 from rlinf_cosmos3.tracking.success import overall, success_by_task
-
-REQUIRED_FIELDS = ("task_id", "trial_id", "success_once", "success_at_end")
 
 
 def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``RUN_DIR[:IDS]`` -> its selected results rows and where they came from."""
     run, _, ids = spec.partition(":")
-    path = Path(run) / "results.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no results.jsonl in eval run '{run}' (give the run directory "
-                                "logs/<timestamp>-<config> that evaluations/run_eval.sh printed)")
-    rows = [_row(line, path, number) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     try:
         wanted = set(parse_id_list([ids], "init states")) if ids else None
     except ValueError as err:
         raise ValueError(f"--group {spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
-    if wanted is not None:
-        rows = [r for r in rows if int(r["trial_id"]) in wanted]
+    rows = read_results(run, wanted)
     return rows, {"run": str(Path(run).resolve()), "init_states": sorted(wanted) if wanted else "all",
                   "episodes": len(rows)}
-
-
-def _row(line: str, path: Path, number: int) -> dict[str, Any]:
-    """One results.jsonl line, with the fields the report reads."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{number} is not a JSON line ({err.msg}); the file is not an eval run's "
-                         "results.jsonl, or it was cut off: give the run directory that evaluations/run_eval.sh printed, or "
-                         "re-run the evaluation") from err
-    missing = [key for key in REQUIRED_FIELDS if not isinstance(row, dict) or key not in row]
-    if missing:
-        raise ValueError(f"{path}:{number} lacks {missing}: not a results.jsonl written by evaluations/run_eval.sh; "
-                         "give the run directory that evaluations/run_eval.sh printed")
-    return row
 
 
 def report(groups: list[tuple[str, str]]) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""Read an eval run's ``results.jsonl``: one row per episode, checked, each episode once.
+
+The toolkits that report on or compare eval runs (``success_report.py``, ``compare_runs.py``) read
+runs through here, so a cut-off file, a directory that is not an eval run, or an episode listed twice
+fails the same way everywhere, with the fix in the message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.jsonl"
+REQUIRED_FIELDS = ("task_id", "trial_id", "success_once", "success_at_end")
+
+
+def episode_key(row: dict[str, Any]) -> tuple[str, int, int]:
+    """What identifies an episode across runs: suite, task, init state (trial)."""
+    return str(row.get("suite", "")), int(row["task_id"]), int(row["trial_id"])
+
+
+def read_results(run_dir: str | Path, init_states: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/results.jsonl`` (only the given init states, when given), file order.
+
+    Raises ``FileNotFoundError`` when there is no results file and ``ValueError`` for a line that is
+    not a complete row or an episode that appears twice (an eval writes each episode exactly once).
+    """
+    path = Path(run_dir) / RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no {RESULTS_FILE} in eval run '{run_dir}' (give the run directory "
+                                "logs/<timestamp>-<config> that evaluations/run_eval.sh printed)")
+    rows = [_row(line, path, number) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    seen: dict[tuple[str, int, int], int] = {}
+    for number, row in enumerate(rows, 1):
+        key = episode_key(row)
+        if key in seen:
+            raise ValueError(f"{path}: episode suite={key[0]!r} task {key[1]} init state {key[2]} appears twice "
+                             f"(rows {seen[key]} and {number}); an eval writes each episode once: the file was "
+                             "edited or two runs were concatenated - compare the run directories themselves")
+        seen[key] = number
+    if init_states is not None:
+        wanted = set(init_states)
+        rows = [r for r in rows if int(r["trial_id"]) in wanted]
+    return rows
+
+
+def _row(line: str, path: Path, number: int) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{number} is not a JSON line ({err.msg}); the file is not an eval run's "
+                         f"{RESULTS_FILE}, or it was cut off: give the run directory that evaluations/run_eval.sh "
+                         "printed, or re-run the evaluation") from err
+    missing = [key for key in REQUIRED_FIELDS if not isinstance(row, dict) or key not in row]
+    if missing:
+        raise ValueError(f"{path}:{number} lacks {missing}: not a {RESULTS_FILE} written by evaluations/run_eval.sh; "
+                         "give the run directory that evaluations/run_eval.sh printed")
+    return row

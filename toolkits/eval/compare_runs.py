@@ -1,0 +1,71 @@
+"""Compare two eval runs task by task, with intervals and Fisher's exact test; exit 1 on a regression.
+
+    .venv/bin/python toolkits/eval/compare_runs.py RUN_A RUN_B [--key success_once] [--alpha 0.05] [--json out.json]
+
+RUN_A is the reference (e.g. yesterday's checkpoint), RUN_B the candidate; each is an eval run directory
+(the ``logs/<timestamp>-<config>`` that ``evaluations/run_eval.sh`` printed, holding results.jsonl). For
+every task both runs evaluated it prints both success rates with their Wilson 95 % intervals, B - A, the
+two-sided Fisher p-value (are they different at all) and the one-sided one (is B worse), then the same
+for all shared tasks pooled. Exit codes: 0 no significant regression, 1 B is worse than A on some task or
+pooled with one-sided p < --alpha (a CI gate), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rlinf_cosmos3.tracking.compare import Comparison, RunComparison, compare_runs
+from rlinf_cosmos3.tracking.results_file import read_results
+
+
+def _line(c: Comparison) -> str:
+    return (f"{c.name:<28} {c.a!s:>30} {c.b!s:>30} {c.difference:>+8.1%} {c.p_value:>9.3g} {c.p_worse:>9.3g}")
+
+
+def print_table(result: RunComparison, alpha: float) -> None:
+    print(f"{'task':<28} {'A':>30} {'B':>30} {'B - A':>8} {'p (2-sided)':>9} {'p (B worse)':>9}")
+    for c in result.tasks.values():
+        print(_line(c))
+    print(_line(result.pooled))
+    for side, tasks in (("A", result.only_a), ("B", result.only_b)):
+        if tasks:
+            print(f"only in {side} (not compared): " + ", ".join(f"{s} task {t}".strip() for s, t in tasks))
+    worse = result.regressions(alpha)
+    print(f"regression at alpha={alpha:g}: " + (", ".join(c.name for c in worse) if worse else "none"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_a", type=Path, help="reference eval run directory")
+    parser.add_argument("run_b", type=Path, help="candidate eval run directory")
+    parser.add_argument("--key", choices=("success_once", "success_at_end"), default="success_once")
+    parser.add_argument("--alpha", type=float, default=0.05, help="one-sided significance level of a regression")
+    parser.add_argument("--json", type=Path, help="also write the comparison here")
+    args = parser.parse_args(argv)
+    if not 0 < args.alpha < 1:
+        print(f"error: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
+        return 2
+    try:
+        result = compare_runs(read_results(args.run_a), read_results(args.run_b), args.key)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"A = {args.run_a}\nB = {args.run_b}\n{args.key}, Wilson 95 % intervals, Fisher's exact test")
+    print_table(result, args.alpha)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"run_a": str(args.run_a.resolve()), "run_b": str(args.run_b.resolve()), "key": args.key,
+               "alpha": args.alpha, "tasks": [c.to_dict() for c in result.tasks.values()],
+               "pooled": result.pooled.to_dict(),
+               "only_a": [list(t) for t in result.only_a], "only_b": [list(t) for t in result.only_b],
+               "regressions": [c.name for c in result.regressions(args.alpha)]}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 1 if result.regressions(args.alpha) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
