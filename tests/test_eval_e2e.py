@@ -73,6 +73,9 @@ def _check_outputs(run_dir: Path, backend_lines: tuple[str, ...]) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["num_trajectories"] == 2 and summary["step_cap"] == 26 and summary["env_steps"] == 52
     assert 0.0 <= summary["success_once"] <= 1.0 and summary["env_steps_per_s"] > 0
+    task = summary["per_task"]["0"]
+    assert task["num_trajectories"] == 2 and task["success_once_ci95"][0] <= task["success_once"] <= task["success_once_ci95"][1]
+    assert (run_dir / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = (run_dir / "eval_embodiment.log").read_text()
     milestones = [*backend_lines, "[libero eval] task_id=0, trial_id=0", "summary: success_once="]
     positions = [log.find(m) for m in milestones]

@@ -27,6 +27,8 @@ from tqdm import tqdm
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.tracking import ScalarWriter
+from rlinf_cosmos3.tracking.success import SuccessRate
+from rlinf_cosmos3.tracking.success_plot import plot_success
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
@@ -76,6 +78,33 @@ class EvalSummary:
         return out
 
 
+def _task_entry(results: list[EpisodeResult]) -> dict[str, Any]:
+    """One task's rates with their Wilson 95 % intervals (an episode with an error is a failure)."""
+    entry: dict[str, Any] = {"num_trajectories": len(results)}
+    for key in ("success_once", "success_at_end"):
+        rate = SuccessRate(sum(getattr(r, key) and r.error is None for r in results), len(results))
+        entry[key], entry[f"{key}_ci95"] = rate.rate, list(rate.ci95)
+    return entry
+
+
+def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> Path | None:
+    """``success.png`` of the run (per-task success_once with intervals); a failure to draw is logged,
+    never raised: results.jsonl and summary.json are already written."""
+    by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
+    for r in results:
+        by_task[r.task_id].append(r)
+    rates = {}
+    for task, rs in sorted(by_task.items()):
+        words = rs[0].task_description
+        label = f"task {task}" + (f": {words[:42]}{'...' if len(words) > 42 else ''}" if words else "")
+        rates[label] = SuccessRate(sum(r.success_once and r.error is None for r in rs), len(rs))
+    try:
+        return plot_success(rates, path, title)
+    except (OSError, ValueError, RuntimeError) as err:
+        logger.warning("could not draw %s (%s); the numbers are in summary.json", path, err)
+        return None
+
+
 def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int,
               steady_time_s: float = 0.0, first_settle_steps: int = 0,
               waits: tuple[float, float] = (0.0, 0.0)) -> EvalSummary:
@@ -94,9 +123,7 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
         success_once=sum(r.success_once for r in results) / n if n else 0.0,
         success_at_end=sum(r.success_at_end for r in results) / n if n else 0.0,
         num_errors=sum(r.error is not None for r in results),
-        per_task={t: {"success_once": sum(r.success_once for r in rs) / len(rs),
-                      "success_at_end": sum(r.success_at_end for r in rs) / len(rs),
-                      "num_trajectories": len(rs)} for t, rs in sorted(per_task.items())},
+        per_task={t: _task_entry(rs) for t, rs in sorted(per_task.items())},
         step_cap=env.resolved_max_episode_steps(),
         num_settle_steps=env.num_settle_steps,
         wall_time_s=wall_time_s,
@@ -170,6 +197,8 @@ class PipelinedEvalRunner:
         summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps,
                             (self._waits[0], self._waits[1]))
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+        write_success_plot(self.results, self.run_dir / "success.png",
+                           f"{summary.suite}: success_once, cap {summary.step_cap} steps, {summary.num_trajectories} episodes")
         return summary
 
     async def _drive(self, envs: WorkerGroup, adapter: Cosmos3ActionAdapter, backend: RolloutBackend) -> None:
@@ -266,7 +295,8 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
                 summary.success_once, summary.success_at_end, summary.num_trajectories, summary.num_errors,
                 summary.suite, summary.step_cap, summary.wall_time_s, summary.env_steps_per_s,
                 summary.inference_wait_s, summary.sim_wait_s)
-    logger.info("results: %s | summary: %s | TensorBoard: tensorboard --logdir %s%s",
-                run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.tensorboard,
+    logger.info("results: %s | summary: %s | picture: %s | TensorBoard: tensorboard --logdir %s%s",
+                run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.root / "success.png",
+                run_dir.tensorboard,
                 f" | videos: {env.video_dir}" if env.save_video else "")
     return 0
