@@ -81,6 +81,7 @@ def test_gpus_requested_but_absent(paths) -> None:
         ("runner.resume_dir=/nonexistent/global_step_5", "runner.resume_dir", "not found"),
         ("runner.max_checkpoints_to_keep=0", "runner.max_checkpoints_to_keep", "must be >= 1 or null"),
         ("+actor.model.bogus=1", "actor.model.bogus", "Key 'bogus' not in"),
+        ("actor.model.load_to_device=true", "actor.model.load_to_device", "not implemented"),
     ],
 )
 def test_errors_name_the_field(paths, override: str, field: str, text: str) -> None:

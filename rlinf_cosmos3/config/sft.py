@@ -40,10 +40,12 @@ class ModelConfig:
     model_path: str = "???"
     """Diffusers Cosmos3 directory (model_index.json, transformer/, vae/, text_tokenizer/, scheduler/)."""
     precision: str = "bf16"
-    """Parameter/compute dtype of the trainable transformer on GPU (fp32 master weights in the optimizer
-    are not kept: AdamW states follow the parameter dtype, as FSDP2 mixed precision casts compute)."""
+    """Compute dtype of the trainable transformer: FSDP2 mixed precision gathers the parameters in it for
+    forward and backward and reduces gradients in fp32; the sharded parameters themselves keep the dtype
+    they were loaded in (fp32 master weights), and AdamW's states follow them."""
     load_to_device: bool = False
-    """False: build on CPU/meta and let FSDP2 shard onto the GPUs (never the whole model on one device)."""
+    """False: build on CPU/meta and let FSDP2 shard onto the GPUs (never the whole model on one device).
+    True (the reference's other mode, whole model on the GPU first) is rejected: not implemented."""
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True
     """FSDP2: free gathered layer parameters after forward (False: keep them until backward; faster,
@@ -186,6 +188,10 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     # Measured on an H200 (docs/benchmarks.md): compiled blocks under diffusers' activation checkpointing
     # with FSDP2 fail in the first backward (torch.utils.checkpoint.CheckpointError: recomputed tensors
     # differ from the saved ones); each option alone works.
+    require(not model.load_to_device, "actor.model.load_to_device",
+            "true (the whole model placed on one GPU before sharding) is not implemented: the transformer is always "
+            "built on the meta device, sharded with FSDP2 and then filled shard by shard",
+            "set actor.model.load_to_device=false (the default; no GPU ever holds the whole model)")
     require(not (model.compile_blocks and model.activation_checkpointing), "actor.model.compile_blocks",
             "compile_blocks=true together with activation_checkpointing=true fails in the first backward on "
             "GPU (CheckpointError: recomputed tensors differ from the forward's)",
