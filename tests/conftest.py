@@ -4,6 +4,9 @@
 the real LIBERO simulator and the scripted policy (libero_spatial task 0, init states 0 and 1, two
 simulator processes in parallel; failed episodes are kept so the layout never depends on the
 policy). Modules that read demonstrations (data reader, SFT) use it instead of recording their own.
+
+``adapter_model_dir``: the parts of a Cosmos3 model directory the eval config and the action adapter
+read (model_index.json and the real tiny tokenizer), without weights.
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ class RecordedDataset:
     init_state_ids: tuple[int, ...]
     fps: int
     results: tuple  # rlinf_cosmos3.demos.recorder.EpisodeResult, one per attempted episode
+
+
+@pytest.fixture(scope="session")
+def adapter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """model_index.json and the real tiny tokenizer: what the eval config and the adapter read."""
+    import json
+
+    from rlinf_cosmos3.models.cosmos3.tiny import build_tokenizer
+
+    root = tmp_path_factory.mktemp("adapter_model")
+    build_tokenizer().save_pretrained(root / "text_tokenizer")
+    (root / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos3OmniPipeline"}))
+    return root
 
 
 @pytest.fixture(scope="session")

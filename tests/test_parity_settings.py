@@ -23,7 +23,7 @@ from rlinf_cosmos3.config import sft as sft_config
 from rlinf_cosmos3.config.base import load_structured
 from rlinf_cosmos3.models.cosmos3 import captions
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256, write_identity
-from rlinf_cosmos3.models.cosmos3.tiny import build_tokenizer, write_model_dir
+from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
@@ -140,15 +140,6 @@ def test_stats_refuse_values_outside_the_convention() -> None:
 # ----------------------------------------------------------------------------- eval config and adapter
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The parts of a model directory the eval config and the adapter read."""
-    root = tmp_path_factory.mktemp("parity_model")
-    build_tokenizer().save_pretrained(root / "text_tokenizer")
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos3OmniPipeline"}))
-    return root
-
-
 def _rollout(model: Path, stats: Path, **overrides) -> RolloutModelConfig:
     cfg = RolloutModelConfig(model_path=str(model), action_stats_path=str(stats), action_normalization="quantile_rot",
                              num_inference_steps=2)
@@ -157,21 +148,21 @@ def _rollout(model: Path, stats: Path, **overrides) -> RolloutModelConfig:
     return cfg
 
 
-def _trained_copy(model_dir: Path, root: Path, stats: Path, **identity) -> Path:
+def _trained_copy(adapter_model_dir: Path, root: Path, stats: Path, **identity) -> Path:
     """A model directory whose identity says it was trained with ``identity`` (and these stats)."""
     model = root / "trained"
     model.mkdir()
     for part in ("text_tokenizer", "model_index.json"):
-        (model / part).symlink_to(model_dir / part)
+        (model / part).symlink_to(adapter_model_dir / part)
     write_identity(model, ModelIdentity(fps=20, action_horizon=16, num_frames=17, canvas_height=192, canvas_width=320,
                                         view_point="concat_view", normalization="quantile_rot",
                                         stats_sha256=file_sha256(stats), domain_name="libero", **identity))
     return model
 
 
-def test_eval_compares_caption_style_and_gripper_convention_with_the_model(model_dir: Path, tmp_path: Path) -> None:
+def test_eval_compares_caption_style_and_gripper_convention_with_the_model(adapter_model_dir: Path, tmp_path: Path) -> None:
     stats = _stats_file(tmp_path / "pm_one.json", "pm_one")
-    model = _trained_copy(model_dir, tmp_path, stats, caption_style="cosmos_framework", gripper_convention="pm_one")
+    model = _trained_copy(adapter_model_dir, tmp_path, stats, caption_style="cosmos_framework", gripper_convention="pm_one")
     assert (model / IDENTITY_FILE).is_file()
     with pytest.raises(ConfigError) as err:
         _rollout(model, stats).validate()
@@ -192,10 +183,10 @@ def test_eval_compares_caption_style_and_gripper_convention_with_the_model(model
     ({"caption_style": "cosmos_framework", "view_point": "ego_view"}, "rollout.model.view_point", "concat_view"),
     ({"gripper_convention": "pm_one"}, "rollout.model.gripper_convention", "computed for 'zero_one'"),
 ])
-def test_eval_config_errors(model_dir: Path, tmp_path: Path, overrides: dict, field: str, text: str) -> None:
+def test_eval_config_errors(adapter_model_dir: Path, tmp_path: Path, overrides: dict, field: str, text: str) -> None:
     stats = _stats_file(tmp_path / "zero_one.json", "zero_one")
     with pytest.raises(ConfigError, match=text) as err:
-        _rollout(model_dir, stats, **overrides).validate()
+        _rollout(adapter_model_dir, stats, **overrides).validate()
     assert err.value.field == field
 
 
@@ -203,18 +194,18 @@ def _group(n: int = 1) -> RequestGroup:
     return RequestGroup(np.arange(n), ("t",) * n, np.zeros((n, 192, 320, 3), np.uint8), 1)
 
 
-def test_adapter_sends_the_styles_task_text_and_the_flow_shift(model_dir: Path, tmp_path: Path) -> None:
+def test_adapter_sends_the_styles_task_text_and_the_flow_shift(adapter_model_dir: Path, tmp_path: Path) -> None:
     stats = _stats_file(tmp_path / "zero_one.json", "zero_one")
     rng = np.random.default_rng(0)
     obs = {"main_images": rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8),
            "wrist_images": rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8),
            "task_descriptions": [f" {TASK} ", TASK]}
-    default = Cosmos3ActionAdapter(_rollout(model_dir, stats).validate(), batching_max_size=4)
+    default = Cosmos3ActionAdapter(_rollout(adapter_model_dir, stats).validate(), batching_max_size=4)
     (group,) = default.request_groups(obs)
     payload = default.build_request(group)
     assert payload["input"]["task"] == [TASK, TASK] and payload["parameters"]["flow_shift"] == 5.0
 
-    nvidia = Cosmos3ActionAdapter(_rollout(model_dir, stats, caption_style="cosmos_framework", flow_shift=3.0).validate(),
+    nvidia = Cosmos3ActionAdapter(_rollout(adapter_model_dir, stats, caption_style="cosmos_framework", flow_shift=3.0).validate(),
                                   batching_max_size=4)
     (group,) = nvidia.request_groups(obs)
     payload = nvidia.build_request(group)
@@ -239,22 +230,22 @@ def _hand_stats(path: Path, gripper: tuple[float, float]) -> Path:
     return write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block}, path)
 
 
-def test_adapter_decodes_rot6d_by_svd_and_applies_the_gripper_convention(model_dir: Path, tmp_path: Path) -> None:
+def test_adapter_decodes_rot6d_by_svd_and_applies_the_gripper_convention(adapter_model_dir: Path, tmp_path: Path) -> None:
     zero_one = _hand_stats(tmp_path / "zo.json", (0.0, 1.0))
-    adapter = Cosmos3ActionAdapter(_rollout(model_dir, zero_one).validate(), batching_max_size=1)
+    adapter = Cosmos3ActionAdapter(_rollout(adapter_model_dir, zero_one).validate(), batching_max_size=1)
     # c0 = (0, 2, 0), c1 = (-1, 1, 0): [c0, c1, c0 x c1] has the 2-D block [[0, -1], [2, 1]] (and 2 on z),
     # whose nearest rotation turns by atan2(2 - (-1), 0 + 1) = atan2(3, 1) about z (Gram-Schmidt: pi / 2).
     actions = adapter.parse_response(_model_output([0, 2, 0, -1, 1, 0], 0.2), _group())
     np.testing.assert_allclose(actions[0, :, 3:6], np.tile([0.0, 0.0, math.atan2(3, 1)], (16, 1)), atol=1e-6)
     assert (actions[0, :, 6] == -1.0).all()  # g = 0.6 > 0.5: open
-    continuous = Cosmos3ActionAdapter(_rollout(model_dir, zero_one, gripper_command="continuous").validate(),
+    continuous = Cosmos3ActionAdapter(_rollout(adapter_model_dir, zero_one, gripper_command="continuous").validate(),
                                       batching_max_size=1)
     np.testing.assert_allclose(continuous.parse_response(_model_output([1, 0, 0, 0, 1, 0], 0.2), _group())[0, :, 6],
                                -0.2, atol=1e-6)  # 1 - 2 g
 
     pm_one = _hand_stats(tmp_path / "pm.json", (-1.0, 1.0))
     for convention, expected in (("pm_one", 1.0), ("pm_one_flip", -1.0)):
-        cfg = _rollout(model_dir, pm_one, gripper_convention=convention).validate()
+        cfg = _rollout(adapter_model_dir, pm_one, gripper_convention=convention).validate()
         out = Cosmos3ActionAdapter(cfg, batching_max_size=1).parse_response(_model_output([1, 0, 0, 0, 1, 0], 0.3),
                                                                              _group())
         assert (out[0, :, 6] == expected).all(), convention  # g = +0.3: close in robosuite's sign, open flipped

@@ -20,7 +20,6 @@ import pytest
 from rlinf_cosmos3.actions import write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observation
-from rlinf_cosmos3.models.cosmos3.tiny import build_tokenizer
 from rlinf_cosmos3.workers.rollout import codec
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import (
@@ -47,21 +46,12 @@ def _stats(fps: int = 20, chunk_length: int = 16) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The parts of a model directory the adapter reads: model_index.json and the real tiny tokenizer."""
-    root = tmp_path_factory.mktemp("model")
-    build_tokenizer().save_pretrained(root / "text_tokenizer")
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos3OmniPipeline"}))
-    return root
-
-
-@pytest.fixture(scope="module")
 def stats_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_action_stats(_stats(), tmp_path_factory.mktemp("stats") / "stats.json")
 
 
-def _model_cfg(model_dir: Path, stats_path: Path, **overrides) -> RolloutModelConfig:
-    cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats_path),
+def _model_cfg(adapter_model_dir: Path, stats_path: Path, **overrides) -> RolloutModelConfig:
+    cfg = RolloutModelConfig(model_path=str(adapter_model_dir), action_stats_path=str(stats_path),
                              action_normalization="quantile_rot", num_inference_steps=2)
     for key, value in overrides.items():
         setattr(cfg, key, value)
@@ -69,8 +59,8 @@ def _model_cfg(model_dir: Path, stats_path: Path, **overrides) -> RolloutModelCo
 
 
 @pytest.fixture()
-def adapter(model_dir: Path, stats_path: Path) -> Cosmos3ActionAdapter:
-    return Cosmos3ActionAdapter(_model_cfg(model_dir, stats_path).validate(), batching_max_size=2)
+def adapter(adapter_model_dir: Path, stats_path: Path) -> Cosmos3ActionAdapter:
+    return Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path).validate(), batching_max_size=2)
 
 
 def _obs(tasks: list[str], seed: int = 0) -> dict:
@@ -88,9 +78,9 @@ def _group(n: int) -> RequestGroup:
 # ----------------------------------------------------------------------------- action conventions
 
 
-def test_hand_worked_model_output_to_libero_actions(model_dir: Path, stats_path: Path) -> None:
+def test_hand_worked_model_output_to_libero_actions(adapter_model_dir: Path, stats_path: Path) -> None:
     # Worked by hand with the Gram-Schmidt decode (tests/test_parity_* check the default SVD decode).
-    adapter = Cosmos3ActionAdapter(_model_cfg(model_dir, stats_path, rot6d_decode="gram_schmidt").validate(),
+    adapter = Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path, rot6d_decode="gram_schmidt").validate(),
                                    batching_max_size=2)
     out = np.zeros((1, 16, 12), dtype=np.float32)
     out[..., 10:] = 1e6  # channels past raw_action_dim (padding) must be ignored
@@ -196,31 +186,31 @@ def test_restore_order_with_shuffled_groups(adapter: Cosmos3ActionAdapter) -> No
 # ----------------------------------------------------------------------------- config
 
 
-def test_missing_stats_or_method_is_an_error(model_dir: Path, stats_path: Path) -> None:
+def test_missing_stats_or_method_is_an_error(adapter_model_dir: Path, stats_path: Path) -> None:
     with pytest.raises(ConfigError, match="rollout.model.action_stats_path"):
-        _model_cfg(model_dir, stats_path, action_stats_path="???").validate()
+        _model_cfg(adapter_model_dir, stats_path, action_stats_path="???").validate()
     with pytest.raises(ConfigError, match="rollout.model.action_stats_path.*not found"):
-        _model_cfg(model_dir, stats_path, action_stats_path=str(model_dir / "nope.json")).validate()
+        _model_cfg(adapter_model_dir, stats_path, action_stats_path=str(adapter_model_dir / "nope.json")).validate()
     with pytest.raises(ConfigError, match="rollout.model.action_normalization.*required"):
-        _model_cfg(model_dir, stats_path, action_normalization="???").validate()
+        _model_cfg(adapter_model_dir, stats_path, action_normalization="???").validate()
     with pytest.raises(ConfigError, match="unknown method 'quantile'"):
-        _model_cfg(model_dir, stats_path, action_normalization="quantile").validate()
+        _model_cfg(adapter_model_dir, stats_path, action_normalization="quantile").validate()
     with pytest.raises(ValueError, match="action_stats_path is required"):
-        Cosmos3ActionAdapter(_model_cfg(model_dir, stats_path, action_stats_path=""), batching_max_size=2)
+        Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path, action_stats_path=""), batching_max_size=2)
     with pytest.raises(ValueError, match="action_normalization is required"):
-        Cosmos3ActionAdapter(_model_cfg(model_dir, stats_path, action_normalization="???"), batching_max_size=2)
+        Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path, action_normalization="???"), batching_max_size=2)
 
 
-def test_model_identity_mismatches_are_errors(model_dir: Path, stats_path: Path, tmp_path: Path) -> None:
+def test_model_identity_mismatches_are_errors(adapter_model_dir: Path, stats_path: Path, tmp_path: Path) -> None:
     other_fps = write_action_stats(_stats(fps=10), tmp_path / "stats10.json")
     with pytest.raises(ConfigError, match="computed with fps=10"):
-        _model_cfg(model_dir, other_fps).validate()
+        _model_cfg(adapter_model_dir, other_fps).validate()
     with pytest.raises(ConfigError, match="num_frames"):
-        _model_cfg(model_dir, stats_path, num_frames=16).validate()
+        _model_cfg(adapter_model_dir, stats_path, num_frames=16).validate()
     with pytest.raises(ConfigError, match="raw_action_dim"):
-        _model_cfg(model_dir, stats_path, raw_action_dim=7).validate()
+        _model_cfg(adapter_model_dir, stats_path, raw_action_dim=7).validate()
     with pytest.raises(ConfigError, match="height"):
-        _model_cfg(model_dir, stats_path, height=200).validate()
+        _model_cfg(adapter_model_dir, stats_path, height=200).validate()
     with pytest.raises(ConfigError, match="model_index.json"):
         _model_cfg(tmp_path, stats_path).validate()
 

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.tracking import ScalarWriter
-from rlinf_cosmos3.tracking.success import SuccessRate
+from rlinf_cosmos3.tracking.success import success_by_task
 from rlinf_cosmos3.tracking.success_plot import plot_success
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
@@ -80,9 +80,10 @@ class EvalSummary:
 
 def _task_entry(results: list[EpisodeResult]) -> dict[str, Any]:
     """One task's rates with their Wilson 95 % intervals (an episode with an error is a failure)."""
-    entry: dict[str, Any] = {"num_trajectories": len(results)}
+    rows = [r.to_dict() for r in results]
+    entry: dict[str, Any] = {"num_trajectories": len(rows)}
     for key in ("success_once", "success_at_end"):
-        rate = SuccessRate(sum(getattr(r, key) and r.error is None for r in results), len(results))
+        [rate] = success_by_task(rows, key).values()
         entry[key], entry[f"{key}_ci95"] = rate.rate, list(rate.ci95)
     return entry
 
@@ -90,14 +91,9 @@ def _task_entry(results: list[EpisodeResult]) -> dict[str, Any]:
 def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> Path | None:
     """``success.png`` of the run (per-task success_once with intervals); a failure to draw is logged,
     never raised: results.jsonl and summary.json are already written."""
-    by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
-    for r in results:
-        by_task[r.task_id].append(r)
-    rates = {}
-    for task, rs in sorted(by_task.items()):
-        words = rs[0].task_description
-        label = f"task {task}" + (f": {words[:42]}{'...' if len(words) > 42 else ''}" if words else "")
-        rates[label] = SuccessRate(sum(r.success_once and r.error is None for r in rs), len(rs))
+    words = {r.task_id: r.task_description for r in results}
+    rates = {f"task {t}" + (f": {words[t][:42]}{'...' if len(words[t]) > 42 else ''}" if words[t] else ""): rate
+             for t, rate in success_by_task([r.to_dict() for r in results]).items()}
     try:
         return plot_success(rates, path, title)
     except (OSError, ValueError, RuntimeError) as err:

@@ -7,14 +7,13 @@ not have the same init states or trial counts, though comparing the same ones is
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from scipy.stats import fisher_exact
 
-from rlinf_cosmos3.tracking.success import SuccessRate
+from rlinf_cosmos3.tracking.success import SuccessRate, success_by
 
 Task = tuple[str, int]
 """(suite, task id); the suite is '' for rows that do not name one."""
@@ -53,12 +52,7 @@ class Comparison:
 
 def rates_by_task(rows: Iterable[Mapping[str, Any]], key: str = "success_once") -> dict[Task, SuccessRate]:
     """Per (suite, task) success counts; an episode with an error counts as a failure."""
-    counts: dict[Task, list[int]] = defaultdict(lambda: [0, 0])
-    for row in rows:
-        entry = counts[(str(row.get("suite", "")), int(row["task_id"]))]
-        entry[0] += int(bool(row[key]) and row.get("error") is None)
-        entry[1] += 1
-    return {task: SuccessRate(s, n) for task, (s, n) in sorted(counts.items())}
+    return success_by(rows, lambda row: (str(row.get("suite", "")), int(row["task_id"])), key)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 Z_95 = 1.959963984540054
+G = TypeVar("G")
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
@@ -52,14 +53,21 @@ class SuccessRate:
         return f"{self.rate:6.1%} [{low:5.1%}, {high:5.1%}] ({self.successes}/{self.trials})"
 
 
-def success_by_task(results: Iterable[Mapping[str, Any]], key: str = "success_once") -> dict[int, SuccessRate]:
-    """Per-task :class:`SuccessRate` of ``results.jsonl`` rows (an errored episode counts as a failure)."""
-    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+def success_by(results: Iterable[Mapping[str, Any]], group: Callable[[Mapping[str, Any]], G],
+               key: str = "success_once") -> dict[G, SuccessRate]:
+    """:class:`SuccessRate` of ``results.jsonl`` rows per ``group(row)``, sorted by group (an errored
+    episode counts as a failure)."""
+    counts: dict[G, list[int]] = defaultdict(lambda: [0, 0])
     for row in results:
-        entry = counts[int(row["task_id"])]
+        entry = counts[group(row)]
         entry[0] += int(bool(row[key]) and row.get("error") is None)
         entry[1] += 1
-    return {task: SuccessRate(s, n) for task, (s, n) in sorted(counts.items())}
+    return {g: SuccessRate(s, n) for g, (s, n) in sorted(counts.items())}
+
+
+def success_by_task(results: Iterable[Mapping[str, Any]], key: str = "success_once") -> dict[int, SuccessRate]:
+    """Per-task :class:`SuccessRate` of ``results.jsonl`` rows (an errored episode counts as a failure)."""
+    return success_by(results, lambda row: int(row["task_id"]), key)
 
 
 def overall(rates: Iterable[SuccessRate]) -> SuccessRate:
