@@ -37,3 +37,11 @@ def test_success_png_has_a_bar_per_task_and_survives_a_bad_path(tmp_path: Path, 
         assert img.size[0] == width and img.size[1] < height  # one row per task (+ all): taller with more tasks
     assert write_success_plot(rows, tmp_path / "missing" / "dir" / "success.png", "x") is None
     assert "could not draw" in caplog.text and "summary.json" in caplog.text
+
+
+def test_success_png_draws_a_task_that_always_or_never_succeeds(tmp_path: Path) -> None:
+    # 10/10: the Wilson upper bound is 1 - 1.1e-16, below the rate by rounding (a run on the GPU lost its picture)
+    assert wilson_interval(10, 10)[1] < 1.0
+    rows = _results(0, 10, 10) + _results(1, 0, 10)
+    path = write_success_plot(rows, tmp_path / "success.png", "all or nothing")
+    assert path is not None and path.is_file()

@@ -29,7 +29,10 @@ def plot_success(rates: Mapping[str, SuccessRate], path: str | Path, title: str)
     for y, label, rate in zip(ys, labels, values, strict=True):
         low, high = rate.ci95
         ax.barh(y, rate.rate * 100, color="#4c72b0" if label != "all" else "#55a868", height=0.6)
-        ax.errorbar(rate.rate * 100, y, xerr=[[(rate.rate - low) * 100], [(high - rate.rate) * 100]],
+        # max(0, .): at 0 % or 100 % the Wilson bound equals the rate only up to rounding (10/10 gives
+        # 1 - 1.1e-16), and matplotlib refuses a negative error bar
+        below, above = max(0.0, rate.rate - low) * 100, max(0.0, high - rate.rate) * 100
+        ax.errorbar(rate.rate * 100, y, xerr=[[below], [above]],
                     fmt="none", ecolor="black", capsize=3, linewidth=1)
         ax.text(101, y, f"{rate.rate:.0%} ({rate.successes}/{rate.trials})", va="center", fontsize=8)
     ax.set_yticks(ys, labels, fontsize=8)
