@@ -164,7 +164,7 @@ def eval_config(args: argparse.Namespace, stages: int, batch: int, run_root: Pat
             "suite": args.suite, "task_ids": args.task_ids, "trials_per_task": trials,
             "total_num_envs": args.num_envs, "num_workers": args.num_workers,
             "max_episode_steps": steps or args.steps, "num_settle_steps": args.settle_steps,
-            "stop_on_success": False, "save_video": False,
+            "stop_on_success": False, "save_video": "none",
         }},
         "rollout": {
             "rollout_backend": args.backend, "pipeline_stage_num": stages,

@@ -170,6 +170,15 @@ def test_envs_that_do_not_divide_into_workers_and_stages_are_refused(inputs, tmp
     _driver_refuses(inputs, tmp_path, "env.eval.total_num_envs", *overrides)
 
 
+
+def test_a_save_video_mode_that_does_not_exist_is_refused_before_ray(inputs, tmp_path) -> None:
+    err = _refused(inputs, "env.eval.save_video", "must be one of all, failures, none", "env.eval.save_video=fails")
+    assert "'fails'" in str(err) and "env.eval.save_video=failures" in err.fix
+    _driver_refuses(inputs, tmp_path, "env.eval.save_video", "env.eval.save_video=fails")
+    for old, mode in (("true", "all"), ("false", "none"), ("failures", "failures")):  # the old booleans still work
+        assert load_eval_config(_raw(inputs, f"env.eval.save_video={old}")).env.eval.save_video == mode
+
+
 # ----------------------------------------------------------------------------- environments
 def test_a_missing_simulator_environment_is_refused_before_ray(inputs, tmp_path, monkeypatch) -> None:
     err = _refused(inputs, "env.eval.python", r"simulator interpreter not found at '/no/libero/bin/python'",

@@ -24,7 +24,7 @@ def test_defaults_follow_the_cosmos_caps_and_all_tasks() -> None:
         assert cfg.resolved_task_ids() == list(range(SUITE_NUM_TASKS[suite]))
         assert cfg.num_episodes == SUITE_NUM_TASKS[suite] * 50
     cfg = EnvEvalConfig()
-    assert (cfg.num_settle_steps, cfg.image_size, cfg.stop_on_success, cfg.save_video) == (10, 256, True, False)
+    assert (cfg.num_settle_steps, cfg.image_size, cfg.stop_on_success, cfg.save_video) == (10, 256, True, "none")
     assert EnvEvalConfig(max_episode_steps=32, task_ids=[3], trials_per_task=2).validate().num_episodes == 2
 
 
@@ -35,6 +35,18 @@ def test_yaml_section_loads_into_the_schema() -> None:
     assert cfg.task_ids == [0, 2] and cfg.envs_per_stage(2) == 2 and cfg.resolved_max_episode_steps() == 64
     with pytest.raises(ConfigError, match="env.eval.total_num_env"):
         load_structured(EnvEvalConfig, {"total_num_env": 3}, root="env.eval")
+
+
+@pytest.mark.parametrize(("value", "mode"), [
+    (True, "all"), (False, "none"), ("all", "all"), ("failures", "failures"), ("None", "none"),
+])
+def test_save_video_modes_and_the_old_booleans(value: object, mode: str) -> None:
+    """YAML/Hydra booleans of older configs keep their meaning (OmegaConf hands them over as "True")."""
+    cfg = load_structured(EnvEvalConfig, OmegaConf.create({"save_video": value, "video_dir": "/v"}), root="env.eval")
+    assert cfg.validate().save_video == mode
+    assert cfg.records_video == (mode != "none")
+    assert [cfg.keeps_video(success) for success in (True, False)] == \
+        {"all": [True, True], "failures": [False, True], "none": [False, False]}[mode]
 
 
 def test_divisibility_error_names_every_field() -> None:
@@ -58,6 +70,8 @@ def test_divisibility_error_names_every_field() -> None:
     ({"max_episode_steps": 10}, "env.eval.max_episode_steps", "no policy step"),
     ({"num_settle_steps": -1}, "env.eval.num_settle_steps", ">= 0"),
     ({"save_video": True}, "env.eval.video_dir", "required when save_video"),
+    ({"save_video": "failures"}, "env.eval.video_dir", "required when save_video is failures"),
+    ({"save_video": "sometimes"}, "env.eval.save_video", "must be one of all, failures, none"),
     ({"sim_timeout_s": 0.0}, "env.eval.sim_timeout_s", "> 0"),
     ({"max_episode_retries": -1}, "env.eval.max_episode_retries", ">= 0"),
 ])

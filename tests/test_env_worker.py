@@ -24,7 +24,7 @@ import ray
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig, WorkerError, WorkerGroup
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
@@ -443,11 +443,10 @@ def test_worker_count_must_match_the_group(cluster: Cluster) -> None:
         WorkerGroup(LiberoEnvWorker, cluster, 1, kwargs={"cfg": cfg}, init_distributed=False, cpus_per_rank=0.5)
 
 
-@pytest.mark.slow
-def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster: Cluster) -> None:
-    """The scripted pick-place policy solves libero_spatial task 0 from init state 0 (closed loop on
-    privileged state in a bare simulator); replaying its commands through the env worker in 16-step
-    chunks succeeds too, and the episode ends exactly at the first successful step."""
+def _scripted_solution() -> tuple[np.ndarray, int]:
+    """Commands of the scripted pick-place policy that solve libero_spatial task 0 from init state 0
+    (closed loop on privileged state in a bare simulator), padded with 16 no-ops, and the policy
+    step of the first success."""
     with LiberoSimProcess(name="scripted") as proc:
         proc.make("libero_spatial", 0, seed=0)
         proc.reset(0)
@@ -462,9 +461,15 @@ def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster:
                 first_success = t
                 break
     assert first_success is not None, "scripted policy did not solve libero_spatial task 0, init state 0"
+    return np.concatenate([np.stack(commands), np.tile(NOOP, (16, 1))]), first_success
 
+
+@pytest.mark.slow
+def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster: Cluster) -> None:
+    """Replaying the scripted solution through the env worker in 16-step chunks succeeds too, and the
+    episode ends exactly at the first successful step."""
+    padded, first_success = _scripted_solution()
     cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=1, total_num_envs=1)
-    padded = np.concatenate([np.stack(commands), np.tile(NOOP, (16, 1))])
     with env_group(cluster, cfg) as group:
         _call(group, "setup")
         out = _call(group, "observe", 0)
@@ -479,3 +484,32 @@ def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster:
     assert (result.success_once, result.success_at_end, result.error) == (True, True, None)
     assert result.steps == cfg.num_settle_steps + first_success + 1
     assert not _wait_all_gone(pgids)
+
+
+@pytest.mark.slow
+def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Cluster, tmp_path: Path) -> None:
+    """Two envs side by side: trial 0 replays the scripted solution (a success), trial 1 idles with
+    no-ops to the cap (a failure). Both are recorded, only the failure's mp4 is written."""
+    padded, first_success = _scripted_solution()
+    cap = NUM_SETTLE_STEPS + first_success + 1  # the success lands on the last allowed step
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
+                        max_episode_steps=cap, save_video="failures", video_dir=str(tmp_path / "videos"))
+    results: list[EpisodeResult] = []
+    with env_group(cluster, cfg) as group:
+        _call(group, "setup")
+        out = _call(group, "observe", 0)
+        done_at = 0
+        while not out.done:
+            chunk = [padded[done_at:done_at + 16] if trial == 0 else np.tile(NOOP, (16, 1))
+                     for trial in out.obs[TRIAL_IDS].tolist()]
+            out = _call(group, "chunk_step", 0, np.stack(chunk), out.obs[SLOT_IDS])
+            results.extend(out.results)
+            done_at += 16
+        _call(group, "close")
+    by_trial = {r.trial_id: r for r in results}
+    assert sorted(by_trial) == [0, 1] and all(r.error is None and r.steps == cap for r in results)
+    assert (by_trial[0].success_once, by_trial[0].video_path) == (True, None)
+    assert not by_trial[1].success_once and by_trial[1].video_path is not None
+    assert by_trial[1].video_path.endswith("task00_trial01_failure.mp4")
+    assert len(_decode(by_trial[1].video_path)) == cap
+    assert [p.name for p in (tmp_path / "videos").rglob("*") if p.is_file()] == ["task00_trial01_failure.mp4"]

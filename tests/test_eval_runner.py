@@ -55,10 +55,10 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _cfg(files: dict[str, Path], stages: int) -> EvalConfig:
+def _cfg(files: dict[str, Path], stages: int, **env: object) -> EvalConfig:
     return load_eval_config({
         "env": {"eval": {"suite": "libero_spatial", "task_ids": [0], "trials_per_task": 2, "total_num_envs": 2,
-                         "num_workers": 1, "max_episode_steps": CAP, "stop_on_success": False}},
+                         "num_workers": 1, "max_episode_steps": CAP, "stop_on_success": False, **env}},
         "rollout": {"rollout_backend": "embedded", "pipeline_stage_num": stages,
                     "model": {"model_path": str(files["model"]), "action_stats_path": str(files["stats"]),
                               "action_normalization": "quantile_rot", "num_inference_steps": 2},
@@ -112,3 +112,22 @@ def test_a_backend_the_runner_makes_is_closed_at_the_end(model_files: dict[str, 
     states = _embedded_groups()
     assert len(states) == before + 1, "the runner should have started its own backend"
     assert "CREATED" not in states, f"the runner's own backend is still up: {states}"
+
+
+def test_save_video_failures_writes_and_names_exactly_the_failed_episodes(model_files: dict[str, Path],
+                                                                            cluster: Cluster, tmp_path: Path) -> None:
+    """The tiny random model fails both episodes, so both have an mp4 on disk, named by its
+    results.jsonl row (relative to the run directory) and listed in summary.json; nothing else is
+    left in the video directory (no partial file). A success's video being dropped is checked on a
+    scripted success in test_env_worker.py."""
+    cfg = _cfg(model_files, stages=1, save_video="failures", video_dir=str(tmp_path / "videos"))
+    PipelinedEvalRunner(cfg, tmp_path).run(cluster)
+    _check_run(tmp_path, 2 * CAP)
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    on_disk = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "videos").rglob("*") if p.is_file())
+    failed = sorted(r["video"] for r in rows if not r["success_once"])
+    assert all((r["video"] is None) == r["success_once"] for r in rows), rows
+    assert on_disk == failed and len(on_disk) == sum(not r["success_once"] for r in rows)
+    assert all(v.endswith("_failure.mp4") and (tmp_path / v).stat().st_size > 0 for v in on_disk)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["save_video"] == "failures" and sorted(summary["videos"]) == on_disk

@@ -68,6 +68,10 @@ class EvalSummary:
     sim_wait_s: float = 0.0
     """Summed over stage loops: time a stage waited for its chunk step. With perfect overlap a
     stage loop's ``inference + sim`` wait fills the wall time and the servers never idle."""
+    save_video: str = "none"
+    videos: list[str] = field(default_factory=list)
+    """The mp4s written (``save_video`` all: every episode, failures: those that did not succeed),
+    in (task, trial) order, as in results.jsonl's ``video`` field."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +92,17 @@ def _task_entry(results: list[EpisodeResult]) -> dict[str, Any]:
     return entry
 
 
+def video_entry(result: EpisodeResult, run_dir: Path | None) -> str | None:
+    """results.jsonl's ``video``: the episode's mp4 relative to the run directory (absolute when
+    ``env.eval.video_dir`` lies outside it), None when no video was written for it."""
+    if result.video_path is None:
+        return None
+    path = Path(result.video_path).resolve()
+    if run_dir is not None and path.is_relative_to(root := Path(run_dir).resolve()):
+        return str(path.relative_to(root))
+    return str(path)
+
+
 def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> Path | None:
     """``success.png`` of the run (per-task success_once with intervals); a failure to draw is logged,
     never raised: results.jsonl and summary.json are already written."""
@@ -103,10 +118,11 @@ def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> 
 
 def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int,
               steady_time_s: float = 0.0, first_settle_steps: int = 0,
-              waits: tuple[float, float] = (0.0, 0.0)) -> EvalSummary:
+              waits: tuple[float, float] = (0.0, 0.0), run_dir: Path | None = None) -> EvalSummary:
     """Success rates overall and per task (episodes with an error count as failures);
     ``first_settle_steps``: settle steps run inside the first observation (left out of the steady rate);
-    ``waits``: (inference, sim) wait summed over stage loops."""
+    ``waits``: (inference, sim) wait summed over stage loops; ``run_dir``: the video paths are
+    listed relative to it."""
     env = cfg.env.eval
     n = len(results)
     per_task: dict[int, list[EpisodeResult]] = defaultdict(list)
@@ -131,6 +147,9 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
         steady_env_steps_per_s=(steps - first_settle_steps) / steady_time_s if steady_time_s > 0 else 0.0,
         inference_wait_s=waits[0],
         sim_wait_s=waits[1],
+        save_video=env.save_video,
+        videos=[v for r in sorted(results, key=lambda r: (r.task_id, r.trial_id))
+                if (v := video_entry(r, run_dir)) is not None],
     )
 
 
@@ -191,7 +210,7 @@ class PipelinedEvalRunner:
                     self._close_outputs()
                     envs.call("close")
         summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps,
-                            (self._waits[0], self._waits[1]))
+                            (self._waits[0], self._waits[1]), self.run_dir)
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
         write_success_plot(self.results, self.run_dir / "success.png",
                            f"{summary.suite}: success_once, cap {summary.step_cap} steps, {summary.num_trajectories} episodes")
@@ -239,7 +258,8 @@ class PipelinedEvalRunner:
         for result in results:
             self.results.append(result)
             logger.info(episode_log_line(result))
-            self._results_file.write(json.dumps(result.to_dict()) + "\n")
+            row = {**result.to_dict(), "video": video_entry(result, self.run_dir)}
+            self._results_file.write(json.dumps(row) + "\n")
             self._results_file.flush()
             n = len(self.results)
             once = sum(r.success_once for r in self.results) / n
@@ -267,7 +287,7 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
         model = cfg.rollout.model
         model.model_path, model.action_stats_path = (str(Path(p).resolve()) for p in (model.model_path,
                                                                                     model.action_stats_path))
-        if cfg.env.eval.save_video and not Path(cfg.env.eval.video_dir).is_absolute():
+        if cfg.env.eval.records_video and not Path(cfg.env.eval.video_dir).is_absolute():
             cfg.env.eval.video_dir = str((run_dir.root / cfg.env.eval.video_dir).resolve())
     except ConfigError as err:
         logger.error("invalid config: %s", err)
@@ -294,5 +314,5 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     logger.info("results: %s | summary: %s | picture: %s | TensorBoard: tensorboard --logdir %s%s",
                 run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.root / "success.png",
                 run_dir.tensorboard,
-                f" | videos: {env.video_dir}" if env.save_video else "")
+                f" | videos ({env.save_video}): {env.video_dir}" if env.records_video else "")
     return 0

@@ -22,6 +22,21 @@ from rlinf_cosmos3.sim.libero_suites import (  # re-exported: the eval config's 
 
 # LIBERO controls the robot at 20 Hz; videos play in real time at this rate.
 CONTROL_FPS = 20
+VIDEO_MODES = ("all", "failures", "none")
+"""``env.eval.save_video``: an mp4 for every episode, only for those that did not succeed, or none."""
+_VIDEO_BOOL_ALIASES = {"true": "all", "false": "none"}
+"""The field used to be a bool; OmegaConf hands a YAML/Hydra ``true``/``false`` to a str field as
+``"True"``/``"False"``, so old configs keep their meaning."""
+
+
+def normalize_video_mode(value: object) -> str:
+    """``True``/``"true"`` -> ``"all"``, ``False``/``"false"`` -> ``"none"``, a mode as is (lowercased);
+    anything else comes back unchanged as text for :meth:`EnvEvalConfig.validate` to refuse."""
+    text = str(value).strip()
+    lowered = text.lower()
+    if lowered in _VIDEO_BOOL_ALIASES:
+        return _VIDEO_BOOL_ALIASES[lowered]
+    return lowered if lowered in VIDEO_MODES else text
 
 
 @dataclass
@@ -51,7 +66,11 @@ class EnvEvalConfig:
     """Height and width of both cameras."""
     seed: int = 0
     """Seed handed to every LIBERO env when it is built."""
-    save_video: bool = False
+    save_video: str = "none"
+    """``all`` (an mp4 per episode), ``failures`` (frames are recorded for every episode, but the mp4
+    is kept only when ``success_once`` is False -- the episodes people watch) or ``none`` (no frames
+    are even sent back: no memory or encoding cost). The booleans of older configs still work:
+    ``true`` means ``all``, ``false`` means ``none``."""
     video_dir: str | None = None
     video_fps: int = CONTROL_FPS
     sim_timeout_s: float = 300.0
@@ -63,7 +82,19 @@ class EnvEvalConfig:
     """Interpreter of the simulator environment; None: ``rlinf_cosmos3.paths.libero_python()``
     (``RLINF_COSMOS3_LIBERO_PYTHON``, else ``.venv-libero`` in the checkout)."""
 
+    def __post_init__(self) -> None:
+        self.save_video = normalize_video_mode(self.save_video)
+
     # ------------------------------------------------------------------ derived values
+    @property
+    def records_video(self) -> bool:
+        """Frames are streamed back and encoded during every episode (``all`` or ``failures``)."""
+        return self.save_video in ("all", "failures")
+
+    def keeps_video(self, success_once: bool) -> bool:
+        """Whether a completed episode's recorded video is written (else it is discarded)."""
+        return self.save_video == "all" or (self.save_video == "failures" and not success_once)
+
     def resolved_max_episode_steps(self) -> int:
         return self.max_episode_steps if self.max_episode_steps is not None else SUITE_MAX_STEPS[self.suite]
 
@@ -125,9 +156,14 @@ class EnvEvalConfig:
                 f"cap {cap} leaves no policy step after {self.num_settle_steps} settle steps "
                 "(the cap counts the settle steps)", f"set it above {self.num_settle_steps}")
         require(self.image_size >= 16, f"{root}.image_size", f"must be >= 16, got {self.image_size}")
-        if self.save_video:
-            require(bool(self.video_dir), f"{root}.video_dir", "is required when save_video is true",
-                    f"set {root}.video_dir=/path/to/videos or save_video=false")
+        self.save_video = normalize_video_mode(self.save_video)
+        require(self.save_video in VIDEO_MODES, f"{root}.save_video",
+                f"must be one of {', '.join(VIDEO_MODES)} (or true/false for all/none), got {self.save_video!r}",
+                f"set {root}.save_video=failures (only episodes that did not succeed), all or none")
+        if self.records_video:
+            require(bool(self.video_dir), f"{root}.video_dir",
+                    f"is required when save_video is {self.save_video}",
+                    f"set {root}.video_dir=/path/to/videos or {root}.save_video=none")
         require(self.video_fps > 0, f"{root}.video_fps", f"must be > 0, got {self.video_fps}")
         require(self.sim_timeout_s > 0, f"{root}.sim_timeout_s", f"must be > 0, got {self.sim_timeout_s}")
         require(self.sim_startup_timeout_s > 0, f"{root}.sim_startup_timeout_s",

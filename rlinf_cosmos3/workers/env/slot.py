@@ -182,7 +182,7 @@ class EnvSlot:
             return
         stop = self.phase is Phase.STEP and self.cfg.stop_on_success
         self.proc.send("chunk_step", {"actions": self._pending}, stop_on_success=stop,
-                       return_frames=self.cfg.save_video, privileged=False)
+                       return_frames=self.cfg.records_video, privileged=False)
         self._in_flight = self.phase.value
 
     def receive(self) -> Reply:
@@ -253,7 +253,7 @@ class EnvSlot:
         self.obs = {"main_image": reply["main_image"], "wrist_image": reply["wrist_image"], "state": reply["state"]}
 
     def _record_frames(self, reply: Reply) -> None:
-        if not self.cfg.save_video:
+        if not self.cfg.records_video:
             return
         if self._video is None:
             assert self.episode is not None and self.cfg.video_dir is not None
@@ -294,7 +294,9 @@ class EnvSlot:
     def _finish(self, error: str | None) -> EpisodeResult:
         assert self.episode is not None
         video_path = None
-        if error is None and self._video is not None:
+        # save_video=failures recorded this episode too; a success's video is dropped here.
+        # An episode with an error has no complete video: it is never kept.
+        if error is None and self._video is not None and self.cfg.keeps_video(self.success_once):
             final = self._video.finish(self._video_path("success" if self.success_once else "failure"))
             video_path = str(final) if final is not None else None
             self._video = None
