@@ -33,7 +33,7 @@ def measure(roots: list[Path], stats: Path, samples: int, seed: int, round_size:
     """Time ``samples`` reads of each dataset, interleaved in rounds; returns one row per dataset."""
     readers, rows = [], []
     for root in roots:
-        cfg = LiberoDataConfig(root=str(root), stats_path=str(stats))
+        cfg = LiberoDataConfig(root=str(root), stats_path=str(stats), complete_chunks_only=False)  # every frame
         readers.append(LiberoLeRobotDataset(cfg))
         info = json.loads((root / "meta" / "info.json").read_text())
         rows.append({"root": str(root), "camera_storage": sorted({info["features"][k]["dtype"] for k in cfg.image_keys}),

@@ -108,7 +108,9 @@ def libero_data(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _cfg(data: dict, **overrides) -> LiberoDataConfig:
-    return LiberoDataConfig(root=str(data["root"]), stats_path=str(data["stats"]), **overrides)
+    """Every frame starts a sample (the padded tail is what many tests here check) unless a test says otherwise."""
+    return LiberoDataConfig(root=str(data["root"]), stats_path=str(data["stats"]),
+                            **{"complete_chunks_only": False, **overrides})
 
 
 def _expected_actions(a7: np.ndarray, stats_path: Path) -> np.ndarray:
@@ -233,7 +235,8 @@ def test_successful_only_filter(libero_data: dict, tmp_path: Path) -> None:
         success = [int(e) != 1 for e in table.column("episode_index").to_pylist()]
         pq.write_table(table.append_column("success", pa.array(success)), path)
     ds = LiberoLeRobotDataset(
-        LiberoDataConfig(root=str(root), stats_path=str(libero_data["stats"]), successful_only=True)
+        LiberoDataConfig(root=str(root), stats_path=str(libero_data["stats"]), successful_only=True,
+                         complete_chunks_only=False)  # every frame a sample: the count is the episode lengths
     )
     assert ds.episodes == [0, 2]
     assert len(ds) == EPISODE_LENGTHS[0] + EPISODE_LENGTHS[2]

@@ -48,7 +48,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _data_cfg(inputs: dict[str, Path]) -> LiberoDataConfig:
-    return LiberoDataConfig(root=str(inputs["data"]), repo_id="local/short", stats_path=str(inputs["stats"]))
+    # Every frame a sample: the cache must hold the padded tail windows as well.
+    return LiberoDataConfig(root=str(inputs["data"]), repo_id="local/short", stats_path=str(inputs["stats"]),
+                            complete_chunks_only=False)
 
 
 def _key(inputs: dict[str, Path], **changes: Any) -> dict[str, Any]:

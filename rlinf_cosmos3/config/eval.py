@@ -39,8 +39,9 @@ class RolloutConfig:
 
     rollout_backend: str = "sglang"
     """``sglang`` (one server per GPU) or ``embedded`` (diffusers pipeline in Ray actors)."""
-    pipeline_stage_num: int = 1
-    """``S``: env groups per env worker; while one is simulated, the others' requests are served."""
+    pipeline_stage_num: int = 2
+    """``S``: env groups per env worker; while one is simulated, the others' requests are served (2, as
+    the reference eval: simulation and inference overlap; 1 runs them in turn)."""
     model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)

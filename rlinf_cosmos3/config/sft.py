@@ -46,7 +46,9 @@ class ModelConfig:
     load_to_device: bool = False
     """False: build on CPU/meta and let FSDP2 shard onto the GPUs (never the whole model on one device).
     True (the reference's other mode, whole model on the GPU first) is rejected: not implemented."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = True
+    """Recompute decoder layers in backward, as the recipe does (less activation memory per micro-batch of
+    32); false is faster where memory allows and is needed for ``compile_blocks``."""
     reshard_after_forward: bool = True
     """FSDP2: free gathered layer parameters after forward (False: keep them until backward; faster,
     costs one unsharded copy of the layers per GPU)."""
@@ -139,8 +141,10 @@ class DataLoaderConfig:
     """``data``: the LIBERO dataset reader plus DataLoader settings."""
 
     dataset: LiberoDataConfig = field(default_factory=LiberoDataConfig)
-    num_workers: int = 2
-    prefetch_factor: int = 2
+    num_workers: int = 4
+    """DataLoader processes per rank decoding video (the recipe's 4); 0 decodes in the rank itself."""
+    prefetch_factor: int = 4
+    """Batches each loader process prepares ahead (the recipe's 4; unused with ``num_workers=0``)."""
     latent_cache_dir: str | None = None
     """Frozen-VAE latents of every training sample, computed once (first run) and reused by later
     steps and runs: no video decoding and no VAE per step. A cache made from another dataset, VAE,

@@ -56,10 +56,10 @@ class LiberoDataConfig:
     """Optional subset of episode indexes; ``None`` reads all episodes."""
     successful_only: bool = False
     """Keep only episodes whose metadata has ``success == True`` (the column must exist)."""
-    complete_chunks_only: bool = False
+    complete_chunks_only: bool = True
     """Start samples only where all frames and actions lie inside the episode (no padding), as
-    cosmos-framework's LIBERO loader and the action stats do; off by default, so every frame
-    starts a sample and the masks mark the padded tail."""
+    cosmos-framework's LIBERO loader and the action stats do (the recipe's setting); false: every
+    frame starts a sample and the masks mark the padded tail."""
 
     def validate(self) -> None:
         """Check the values that do not need the dataset; raises :class:`ConfigError` naming the field."""

@@ -71,8 +71,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     adapter = Cosmos3ActionAdapter(model_cfg, batching_max_size=1)
     episodes = parse_id_list(args.episodes, "--episodes")
     try:
+        # Frames are picked over the whole episode, the padded tail included (its masks drop padded actions).
         data = LiberoLeRobotDataset(LiberoDataConfig(root=str(args.data), repo_id="local/open_loop",
-                                                     stats_path=str(args.stats), episodes=episodes))
+                                                     stats_path=str(args.stats), episodes=episodes,
+                                                     complete_chunks_only=False))
     except (ConfigError, DatasetMismatchError) as err:  # the reader names data.* fields: say which flag sets them
         flag = DATA_FLAGS.get(err.field.rsplit(".", 1)[-1], "--data")
         raise ValueError(f"{flag}: {err.problem}" + (f" (fix: {err.fix})" if err.fix else "")) from err

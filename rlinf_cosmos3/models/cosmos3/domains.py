@@ -18,6 +18,9 @@ LIBERO_DOMAIN_NAME = "libero"
 LIBERO_DOMAIN_ID = 5
 LIBERO_RAW_ACTION_DIM = 10
 ACTION_HORIZON = 16
+NUM_INFERENCE_STEPS = 30
+"""Denoising steps per action request: NVIDIA's LIBERO eval samples with 30 UniPC steps
+(docs/action_conventions.md §7); the default of ``rollout.model`` and of ``Cosmos3Policy.predict``."""
 
 
 @dataclass(frozen=True)

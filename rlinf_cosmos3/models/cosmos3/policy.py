@@ -49,7 +49,7 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
     generator_device,
     sample_sigma,
 )
-from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
+from rlinf_cosmos3.models.cosmos3.domains import NUM_INFERENCE_STEPS, get_action_domain
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 from rlinf_cosmos3.models.cosmos3.packed_attention import install_packed_attention, packed_processor_of
 from rlinf_cosmos3.models.cosmos3.packing import pack_transformer_inputs, split_into_packs
@@ -356,7 +356,7 @@ class Cosmos3Policy(nn.Module):
         prompt: str,
         *,
         seed: int,
-        num_inference_steps: int = 10,
+        num_inference_steps: int = NUM_INFERENCE_STEPS,
     ) -> torch.Tensor:
         """Normalised ``[horizon, raw_action_dim]`` actions for one observation (two ``[h, w, 3]``
         uint8 views) through the diffusers pipeline, set up as the SGLang server runs it.

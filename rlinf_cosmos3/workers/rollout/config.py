@@ -24,7 +24,7 @@ from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_path
 from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.components import missing_components
-from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, get_action_domain
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, NUM_INFERENCE_STEPS, get_action_domain
 from rlinf_cosmos3.models.cosmos3.identity import (
     IDENTITY_FILE,
     IdentityError,
@@ -75,7 +75,8 @@ class RolloutModelConfig:
     """Env-side width ``[dpos(3), axis-angle(3), gripper(1)]``."""
     num_action_chunks: int = ACTION_HORIZON
     """Actions per request (the model's action horizon)."""
-    num_inference_steps: int = 35
+    num_inference_steps: int = NUM_INFERENCE_STEPS
+    """Denoising steps per request: 30, as NVIDIA's LIBERO eval samples (a serving choice, not checked)."""
     num_frames: int = 17
     """Must be ``num_action_chunks + 1`` (the conditioning frame plus one per action)."""
     height: int = 192
@@ -265,8 +266,9 @@ class SGLangConfig:
     host: str = "127.0.0.1"
     base_port: int = 30000
     """First port tried; each server takes a block of 4 (HTTP, broker, scheduler, master)."""
-    batching_max_size: int = 16
-    """Largest batch one request may carry (``--batching-max-size``); the adapter splits at it."""
+    batching_max_size: int = 8
+    """Largest batch one request may carry (``--batching-max-size``); the adapter splits at it. 8 is the
+    reference eval's ``E / (num_servers * S)`` = 128 / (8 * 2): a stage's observations in one request."""
     max_inflight_per_server: int = 2
     """Requests sent to one server before it has answered (the server queues, it does not merge)."""
     sleep_on_idle: bool = True
@@ -344,8 +346,8 @@ class EmbeddedConfig:
     """0 runs the pipeline on CPU."""
     cpus_per_worker: float = 1.0
     max_inflight_per_worker: int = 2
-    batching_max_size: int = 16
-    """Images per request (the adapter splits at it); a worker serves them one pipeline call each."""
+    batching_max_size: int = 8
+    """Images per request (8, as ``rollout.sglang``) (the adapter splits at it); a worker serves them one pipeline call each."""
 
     def validate(self, root: str = "rollout.embedded") -> EmbeddedConfig:
         require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")

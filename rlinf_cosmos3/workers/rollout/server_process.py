@@ -50,7 +50,8 @@ class ServerSpec:
     log_dir: str
     host: str = "127.0.0.1"
     base_port: int = 30000
-    batching_max_size: int = 16
+    batching_max_size: int = 8
+    """= ``SGLangConfig.batching_max_size``'s default (the group always passes its config's value)."""
     sleep_on_idle: bool = True
     warmup_mode: str = "off"
     gpu_ids: list[str] | None = None
