@@ -218,3 +218,18 @@ def test_open_loop_error_checks_the_model_like_evaluation(inputs, tmp_path, caps
         err = capsys.readouterr().err
         assert code == 2 and text in err and "(fix: " in err, err
     assert not (tmp_path / "err.json").exists()
+
+
+def test_open_loop_error_picks_frames_over_the_whole_episode(inputs, tmp_path, capsys) -> None:
+    """The good path: frames spread over the whole 20-frame episode, the padded tail included (with the
+    recipe's complete chunks only, frames 4..19 would not exist), each scored against its recorded chunk."""
+    out = tmp_path / "err.json"
+    code = _cli("toolkits/eval/open_loop_error.py").main([
+        "--model", str(inputs["model"]), "--stats", str(inputs["stats"]), "--data", str(inputs["data"]),
+        "--episodes", "0", "--frames-per-episode", "3", "--steps", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0 and "constant_mean_action" in printed and "(3 frames)" in printed, printed
+    report = json.loads(out.read_text())
+    assert [row["frame"] for row in report["per_frame"]] == [0, 10, 19]
+    for errors in (report["policy"], report["constant_mean_action"], *report["per_frame"]):
+        assert np.isfinite(errors["dpos_mae"]) and 0.0 <= errors["gripper_agreement"] <= 1.0

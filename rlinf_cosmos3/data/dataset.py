@@ -101,6 +101,12 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._rows) if self._rows is not None else len(self._dataset)
 
+    def episode_indexes(self) -> np.ndarray:
+        """The episode of every sample, in sample order, read from the frame table (no video is decoded):
+        for tools that pick samples per episode, where ``self[i]["episode_index"]`` would decode every frame."""
+        episode = self._dataset.hf_dataset.data.column("episode_index").to_numpy()
+        return episode[self._rows] if self._rows is not None else episode
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
         if not 0 <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for {len(self)} samples")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 
 def command_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, float]:
@@ -83,27 +84,26 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     policy = Cosmos3Policy.from_pretrained(args.model, device=device, transformer_dtype=dtype)
 
     by_episode: dict[int, list[int]] = {}
-    for row in range(len(data)):
-        sample = data[row]
-        by_episode.setdefault(int(sample["episode_index"]), []).append(row)
+    for row, episode in enumerate(data.episode_indexes()):
+        by_episode.setdefault(int(episode), []).append(row)
+    picked = [(episode, rows[k]) for episode, rows in sorted(by_episode.items())
+              for k in np.linspace(0, len(rows) - 1, num=min(args.frames_per_episode, len(rows))).round().astype(int)]
     rows_out, predicted_all, recorded_all, recorded_normalized = [], [], [], []
-    for episode, rows in sorted(by_episode.items()):
-        picks = np.linspace(0, len(rows) - 1, num=min(args.frames_per_episode, len(rows))).round().astype(int)
-        for k in picks:
-            sample = data[rows[k]]
-            main = sample["image"][0].permute(1, 2, 0).numpy()
-            wrist = sample["wrist_image"][0].permute(1, 2, 0).numpy()
-            normalized = policy.predict(main, wrist, sample["prompt"], seed=args.seed,
-                                        num_inference_steps=args.steps).float().cpu().numpy()
-            valid = ~sample["action_is_pad"].numpy()
-            predicted = adapter.model_to_env_actions(normalized[:, :10])[valid]
-            # The recorded chunk through the same conversion gives back the commands that were sent.
-            recorded = adapter.model_to_env_actions(sample["actions"].numpy())[valid]
-            predicted_all.append(predicted)
-            recorded_all.append(recorded)
-            recorded_normalized.append(sample["actions"].numpy()[valid])
-            rows_out.append({"episode": episode, "frame": int(sample["frame_index"]),
-                             **command_errors(predicted, recorded)})
+    for episode, row in tqdm(picked, desc="open-loop frames", unit="frame", disable=not sys.stderr.isatty()):
+        sample = data[row]
+        main = sample["image"][0].permute(1, 2, 0).numpy()
+        wrist = sample["wrist_image"][0].permute(1, 2, 0).numpy()
+        normalized = policy.predict(main, wrist, sample["prompt"], seed=args.seed,
+                                    num_inference_steps=args.steps).float().cpu().numpy()
+        valid = ~sample["action_is_pad"].numpy()
+        predicted = adapter.model_to_env_actions(normalized[:, :10])[valid]
+        # The recorded chunk through the same conversion gives back the commands that were sent.
+        recorded = adapter.model_to_env_actions(sample["actions"].numpy())[valid]
+        predicted_all.append(predicted)
+        recorded_all.append(recorded)
+        recorded_normalized.append(sample["actions"].numpy()[valid])
+        rows_out.append({"episode": episode, "frame": int(sample["frame_index"]),
+                         **command_errors(predicted, recorded)})
     predicted_all, recorded_all = np.concatenate(predicted_all), np.concatenate(recorded_all)
     # A constant policy: the mean recorded (normalised) action of these frames, through the same conversion.
     mean_normalized = np.concatenate(recorded_normalized).mean(axis=0)
