@@ -21,10 +21,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
+from rlinf_cosmos3.actions import (
+    ActionNormalizer,
+    compute_action_stats,
+    encode_model_actions,
+    read_lerobot_episode_actions,
+    write_action_stats,
+)
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
+from rlinf_cosmos3.workers.rollout.protocol import EPISODE_CONTEXT
 from rlinf_cosmos3.workers.rollout.replay import ReplayBackend
 
 SETTLE = 10
@@ -89,14 +96,10 @@ def test_adapter_sends_each_rows_episode_and_decodes_the_recorded_actions(tmp_pa
     cfg = _cfg(_fake_dataset(tmp_path / "ds", [(0, 0), (0, 1)]), stats, [0, 1])
     backend = ReplayBackend(cfg.rollout.model, cfg.rollout.replay)
     rng = np.random.default_rng(0)
-    recorded = {}
-    for pair in [(0, 0), (0, 1)]:
-        a7 = np.concatenate([rng.uniform(-0.3, 0.3, (20, 6)), rng.integers(0, 2, (20, 1))], axis=1)
-        recorded[pair] = a7
-    from rlinf_cosmos3.actions import ActionNormalizer, encode_model_actions
-
+    recorded = {pair: np.concatenate([rng.uniform(-0.3, 0.3, (20, 6)), rng.integers(0, 2, (20, 1))], axis=1)
+                for pair in [(0, 0), (0, 1)]}
     normalizer = ActionNormalizer(str(stats), "quantile_rot")
-    backend._encoded = {p: encode_model_actions(a, normalizer)[0] for p, a in recorded.items()}
+    backend._encoded = {p: encode_model_actions(a, normalizer)[0] for p, a in recorded.items()}  # as start() does
     adapter = Cosmos3ActionAdapter(cfg.rollout.model, 8)
     obs = {"main_images": np.zeros((2, 64, 64, 3), np.uint8), "wrist_images": np.zeros((2, 64, 64, 3), np.uint8),
            "task_descriptions": ["a", "b"], "task_ids": np.array([0, 0]), "trial_ids": np.array([1, 0]),
@@ -105,6 +108,9 @@ def test_adapter_sends_each_rows_episode_and_decodes_the_recorded_actions(tmp_pa
     np.testing.assert_allclose(out[1, :, :6], recorded[(0, 0)][:16, :6], atol=1e-5)
     np.testing.assert_allclose(out[0, :4, :6], recorded[(0, 1)][16:, :6], atol=1e-5)
     np.testing.assert_allclose(out[0, 4:, :6], np.repeat(recorded[(0, 1)][-1:, :6], 12, axis=0), atol=1e-5)
+    [group] = adapter.request_groups(obs, by_prompt_length=False)
+    assert EPISODE_CONTEXT not in adapter.build_request(group), "a model backend's payload must stay unchanged"
+    assert adapter.build_request(group, with_episode=True)[EPISODE_CONTEXT]["steps"] == [16, 0]
     # stored gripper 1 = open -> LIBERO -1
     np.testing.assert_array_equal(out[1, :, 6], np.where(recorded[(0, 0)][:16, 6] > 0.5, -1.0, 1.0))
 
