@@ -4,6 +4,7 @@ The conventions and where they come from are written up in docs/action_conventio
 """
 
 from rlinf_cosmos3.actions.conversion import actions_7_to_10, actions_10_to_7
+from rlinf_cosmos3.actions.encoding import encode_model_actions
 from rlinf_cosmos3.actions.gripper import (
     GRIPPER_COMMANDS,
     GRIPPER_CONVENTIONS,
@@ -51,6 +52,7 @@ __all__ = [
     "compute_action_stats",
     "count_idle_frames",
     "dataset_gripper_to_libero_command",
+    "encode_model_actions",
     "gripper_range_problem",
     "idle_steps",
     "libero_command_to_dataset_gripper",

@@ -10,10 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import load_structured, require
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.workers.rollout.config import (
+    EmbeddedConfig,
+    ReplayConfig,
+    RolloutModelConfig,
+    SGLangConfig,
+)
 from rlinf_cosmos3.workers.rollout.factory import BACKENDS
 
 
@@ -38,16 +45,20 @@ class RolloutConfig:
     """``rollout``: the policy side: which backend, the model's identity, pipelining."""
 
     rollout_backend: str = "sglang"
-    """``sglang`` (one server per GPU) or ``embedded`` (diffusers pipeline in Ray actors)."""
+    """``sglang`` (one server per GPU), ``embedded`` (diffusers pipeline in Ray actors) or ``replay`` (no
+    model: a recorded dataset's actions, to check the eval's conventions; docs/eval.md)."""
     pipeline_stage_num: int = 2
     """``S``: env groups per env worker; while one is simulated, the others' requests are served (2, as
     the reference eval: simulation and inference overlap; 1 runs them in turn)."""
     model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     @property
     def batching_max_size(self) -> int:
+        if self.rollout_backend == "replay":
+            return self.replay.batching_max_size
         return self.sglang.batching_max_size if self.rollout_backend == "sglang" else self.embedded.batching_max_size
 
 
@@ -62,7 +73,12 @@ class EvalConfig:
 
 
 def load_eval_config(raw: Any, *, check_gpus: bool = True) -> EvalConfig:
-    """Typed, validated config from a Hydra/OmegaConf object or a plain dict."""
+    """Typed, validated config from a Hydra/OmegaConf object or a plain dict. The replay backend runs
+    without a model: there an unset ``rollout.model.model_path`` (``???``) is not an error."""
+    raw = raw.copy() if isinstance(raw, DictConfig) else OmegaConf.create(raw)
+    if OmegaConf.select(raw, "rollout.rollout_backend") == "replay" and \
+            OmegaConf.select(raw, "rollout.model.model_path", default="???") in (None, "???"):
+        OmegaConf.update(raw, "rollout.model.model_path", "", merge=True)  # None: unset (???) in the YAML
     cfg = load_structured(EvalConfig, raw)
     validate_eval_config(cfg, check_gpus=check_gpus)
     return cfg
@@ -76,14 +92,21 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
             f"unknown backend '{rollout.rollout_backend}'", f"use one of {list(BACKENDS)}")
     require(rollout.pipeline_stage_num >= 1, "rollout.pipeline_stage_num",
             f"must be >= 1, got {rollout.pipeline_stage_num}")
-    rollout.model.validate("rollout.model")
-    rollout.model.check_components("rollout.model")
+    replay = rollout.rollout_backend == "replay"
+    rollout.model.validate("rollout.model", require_model=not replay)
+    if not replay:
+        rollout.model.check_components("rollout.model")
     if rollout.rollout_backend == "sglang":
         rollout.sglang.validate("rollout.sglang")
-    else:
+    elif rollout.rollout_backend == "embedded":
         rollout.embedded.validate("rollout.embedded")
-    cfg.env.eval.validate(rollout.pipeline_stage_num, root="env.eval")
-    cfg.env.eval.check_interpreter("env.eval")
+    env = cfg.env.eval
+    env.validate(rollout.pipeline_stage_num, root="env.eval")
+    env.check_interpreter("env.eval")
+    if replay:
+        pairs = [(t, i) for t in env.resolved_task_ids() for i in env.resolved_init_state_ids()]
+        rollout.replay.validate(pairs, env.suite, env.num_settle_steps)
+        return  # no GPU: nothing is served
     if check_gpus:
         _check_gpus(cfg)
 

@@ -42,7 +42,7 @@ import torch
 from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, actions_7_to_10, count_idle_frames
+from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, count_idle_frames, encode_model_actions
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
@@ -128,9 +128,9 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
     def _actions_10(self, actions_7: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers) and the
         chunk's idle-step count (on the raw 10-D actions, padded steps included)."""
-        a10 = actions_7_to_10(actions_7.numpy().astype(np.float64))
+        normalized, a10 = encode_model_actions(actions_7.numpy(), self.normalizer)
         idle = torch.tensor(count_idle_frames(a10, self.cfg.fps), dtype=torch.int64)
-        return torch.from_numpy(self.normalizer.normalize(a10).astype(np.float32)), idle
+        return torch.from_numpy(normalized), idle
 
 
 def _uint8(frames: torch.Tensor, key: str) -> torch.Tensor:

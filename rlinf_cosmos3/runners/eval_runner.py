@@ -188,7 +188,8 @@ class PipelinedEvalRunner:
         owned = backend is None
         if backend is None:
             backend = make_backend(cfg.rollout.rollout_backend, cfg.rollout.model, sglang_cfg=cfg.rollout.sglang,
-                                   embedded_cfg=cfg.rollout.embedded, log_dir=self.run_dir / "servers",
+                                   embedded_cfg=cfg.rollout.embedded, replay_cfg=cfg.rollout.replay,
+                                   log_dir=self.run_dir / "servers",
                                    cluster=cluster)
         adapter = Cosmos3ActionAdapter(cfg.rollout.model, cfg.rollout.batching_max_size)
         wall = steady = 0.0
@@ -284,9 +285,14 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     try:
         cfg = load_eval_config(resolved)
         # Ray actors may run elsewhere: hand them absolute paths; videos go inside the run directory.
-        model = cfg.rollout.model
-        model.model_path, model.action_stats_path = (str(Path(p).resolve()) for p in (model.model_path,
-                                                                                    model.action_stats_path))
+        model, replay = cfg.rollout.model, cfg.rollout.replay
+        model.action_stats_path = str(Path(model.action_stats_path).resolve())
+        if model.model_path not in ("", "???"):  # the replay backend runs without a model
+            model.model_path = str(Path(model.model_path).resolve())
+        if cfg.rollout.rollout_backend == "replay":
+            replay.dataset_root = str(Path(replay.dataset_root).resolve())
+            if replay.stats_path is not None:
+                replay.stats_path = str(Path(replay.stats_path).resolve())
         if cfg.env.eval.records_video and not Path(cfg.env.eval.video_dir).is_absolute():
             cfg.env.eval.video_dir = str((run_dir.root / cfg.env.eval.video_dir).resolve())
     except ConfigError as err:

@@ -99,6 +99,11 @@ class EnvSlot:
         return self.phase in (Phase.START, Phase.SETTLE, Phase.STEP)
 
     @property
+    def policy_steps(self) -> int:
+        """Steps of the current episode run on the policy's actions (``steps`` less the settle steps)."""
+        return max(0, self.steps - self.cfg.num_settle_steps)
+
+    @property
     def process_id(self) -> int | None:
         proc = self.proc  # read once: a control call may ask while the stage's thread replaces it
         return proc.process_id if proc is not None and proc.alive else None

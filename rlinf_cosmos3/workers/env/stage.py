@@ -29,6 +29,9 @@ STATES = "states"
 TASK_DESCRIPTIONS = "task_descriptions"
 TASK_IDS = "task_ids"
 TRIAL_IDS = "trial_ids"
+EPISODE_STEPS = "episode_steps"
+"""Policy steps each env's episode has run so far (settle steps not counted): which step of a recorded
+demonstration the observation corresponds to (the ``replay`` rollout backend reads it)."""
 
 
 @dataclass
@@ -143,7 +146,8 @@ class EnvStage:
             empty_images = np.zeros((0, size, size, 3), dtype=np.uint8)
             return {SLOT_IDS: np.zeros(0, dtype=np.int64), MAIN_IMAGES: empty_images, WRIST_IMAGES: empty_images.copy(),
                     STATES: np.zeros((0, STATE_DIM), dtype=np.float32), TASK_DESCRIPTIONS: [],
-                    TASK_IDS: np.zeros(0, dtype=np.int64), TRIAL_IDS: np.zeros(0, dtype=np.int64)}
+                    TASK_IDS: np.zeros(0, dtype=np.int64), TRIAL_IDS: np.zeros(0, dtype=np.int64),
+                    EPISODE_STEPS: np.zeros(0, dtype=np.int64)}
         return {
             SLOT_IDS: np.asarray([s.slot_id for s in ready], dtype=np.int64),
             MAIN_IMAGES: np.stack([s.obs["main_image"] for s in ready]).astype(np.uint8, copy=False),
@@ -152,6 +156,7 @@ class EnvStage:
             TASK_DESCRIPTIONS: [s.prompt for s in ready],
             TASK_IDS: np.asarray([s.episode.task_id for s in ready if s.episode is not None], dtype=np.int64),
             TRIAL_IDS: np.asarray([s.episode.trial_id for s in ready if s.episode is not None], dtype=np.int64),
+            EPISODE_STEPS: np.asarray([s.policy_steps for s in ready], dtype=np.int64),
         }
 
     # ------------------------------------------------------------------ shutdown

@@ -6,7 +6,8 @@ Shared by both backends; only the transport differs. Per chunk step of one pipel
    groups the envs by the token length of their prompt. SGLang batches text without masking the
    padding, so it refuses a batch whose prompts tokenize to different lengths; groups are then
    split at ``batching_max_size``. Each group remembers its env indexes.
-2. :meth:`build_request` turns a group into the action payload (:mod:`.protocol`).
+2. :meth:`build_request` turns a group into the action payload (:mod:`.protocol`); for a backend
+   with ``needs_episode_context`` (``replay``) it adds the rows' task, init state and policy step.
 3. A backend returns the model's normalised ``[B, 16, >=10]`` output per request.
 4. :meth:`parse_response` keeps the first 10 channels, de-normalises them client-side with the
    ``global_raw`` quantiles (``quantile_rot``; the server is never given the stats), decodes rot6d
@@ -31,7 +32,12 @@ import numpy as np
 
 from rlinf_cosmos3.actions import ActionNormalizer, actions_10_to_7, dataset_gripper_to_libero_command
 from rlinf_cosmos3.models.cosmos3.captions import eval_request_text
-from rlinf_cosmos3.workers.rollout.protocol import SamplingSettings, build_payload, response_actions
+from rlinf_cosmos3.workers.rollout.protocol import (
+    EPISODE_CONTEXT,
+    SamplingSettings,
+    build_payload,
+    response_actions,
+)
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
@@ -40,6 +46,9 @@ if TYPE_CHECKING:
 MAIN_IMAGES = "main_images"
 WRIST_IMAGES = "wrist_images"
 TASK_DESCRIPTIONS = "task_descriptions"
+TASK_IDS = "task_ids"
+TRIAL_IDS = "trial_ids"
+EPISODE_STEPS = "episode_steps"
 GRIPPER_INDEX_7 = 6
 
 
@@ -53,6 +62,10 @@ class RequestGroup:
     images: np.ndarray
     """uint8 ``[B, H, W, 3]`` composed canvases."""
     token_length: int
+    """-1 when the envs were not grouped by prompt length."""
+    episode: dict[str, tuple[int, ...]] | None = None
+    """Per row: ``task_ids``, ``init_state_ids`` and ``steps`` (policy steps so far), when the
+    observation carried them (the env worker's does)."""
 
     def __len__(self) -> int:
         return len(self.env_indices)
@@ -126,8 +139,9 @@ class Cosmos3ActionAdapter:
         return np.asarray(compose_observation(np.asarray(main), np.asarray(wrist), height=self.settings.height,
                                               width=self.settings.width, channels_last=True))
 
-    def request_groups(self, obs: Mapping[str, Any]) -> list[RequestGroup]:
-        """Group a stage's envs by prompt token length, split at ``batching_max_size``."""
+    def request_groups(self, obs: Mapping[str, Any], by_prompt_length: bool = True) -> list[RequestGroup]:
+        """Group a stage's envs by prompt token length (or not: ``by_prompt_length=False`` needs no
+        tokenizer), split at ``batching_max_size``."""
         style = self.model_cfg.caption_style
         tasks = [eval_request_text(style, str(t).strip()) for t in obs[TASK_DESCRIPTIONS]]
         main, wrist = np.asarray(obs[MAIN_IMAGES]), np.asarray(obs[WRIST_IMAGES])
@@ -137,17 +151,26 @@ class Cosmos3ActionAdapter:
         canvases = self.compose(main, wrist)
         by_length: dict[int, list[int]] = {}
         for index, task in enumerate(tasks):
-            by_length.setdefault(self.token_lengths(task), []).append(index)
+            by_length.setdefault(self.token_lengths(task) if by_prompt_length else -1, []).append(index)
+        context = _episode_columns(obs, len(tasks))
         groups = []
         for length, indices in by_length.items():
             for start in range(0, len(indices), self.batching_max_size):
                 chunk = np.asarray(indices[start:start + self.batching_max_size], dtype=np.int64)
-                groups.append(RequestGroup(chunk, tuple(tasks[i] for i in chunk), canvases[chunk], length))
+                episode = None if context is None else {k: tuple(int(v[i]) for i in chunk) for k, v in context.items()}
+                groups.append(RequestGroup(chunk, tuple(tasks[i] for i in chunk), canvases[chunk], length, episode))
         return groups
 
-    def build_request(self, group: RequestGroup) -> dict[str, Any]:
-        """The action payload for one group (every sampling parameter explicit)."""
-        return build_payload(group.images, group.prompts, self.settings, self.response_format)
+    def build_request(self, group: RequestGroup, with_episode: bool = False) -> dict[str, Any]:
+        """The action payload for one group (every sampling parameter explicit); ``with_episode`` adds
+        the group's episode context (:data:`EPISODE_CONTEXT`), for a backend that needs it."""
+        payload = build_payload(group.images, group.prompts, self.settings, self.response_format)
+        if with_episode:
+            if group.episode is None:
+                raise ValueError(f"the backend needs each observation's episode, but the observation has no "
+                                 f"{TASK_IDS}/{TRIAL_IDS}/{EPISODE_STEPS} (the env worker's always has)")
+            payload[EPISODE_CONTEXT] = {k: list(v) for k, v in group.episode.items()}
+        return payload
 
     def parse_response(self, response: Mapping[str, Any] | np.ndarray, group: RequestGroup) -> np.ndarray:
         """A response (raw/envelope dict) or model output array -> ``[B, 16, 7]`` float32 LIBERO commands."""
@@ -193,10 +216,21 @@ class Cosmos3ActionAdapter:
 
     async def predict(self, obs: Mapping[str, Any], backend: RolloutBackend) -> np.ndarray:
         """One chunk step for a stage: observations -> ``[N, 16, 7]`` float32 commands in env order."""
-        groups = self.request_groups(obs)
+        groups = self.request_groups(obs, by_prompt_length=backend.groups_by_prompt_length)
         too_big = [len(g) for g in groups if len(g) > backend.max_batch_size]
         if too_big:
             raise ValueError(f"groups of {too_big} exceed the backend's batch limit {backend.max_batch_size}")
-        outputs = await backend.generate([self.build_request(g) for g in groups])
+        outputs = await backend.generate([self.build_request(g, backend.needs_episode_context) for g in groups])
         actions = [self.parse_response(out, g) for out, g in zip(outputs, groups, strict=True)]
         return self.restore_order(groups, actions, len(obs[TASK_DESCRIPTIONS]))
+
+
+def _episode_columns(obs: Mapping[str, Any], n: int) -> dict[str, np.ndarray] | None:
+    """The observation's per-env task id, init state id and policy step, or None if it lacks one."""
+    if not all(key in obs for key in (TASK_IDS, TRIAL_IDS, EPISODE_STEPS)):
+        return None
+    columns = {"task_ids": np.asarray(obs[TASK_IDS]), "init_state_ids": np.asarray(obs[TRIAL_IDS]),
+               "steps": np.asarray(obs[EPISODE_STEPS])}
+    if any(len(v) != n for v in columns.values()):
+        raise ValueError(f"episode columns {[len(v) for v in columns.values()]} for {n} observations")
+    return columns

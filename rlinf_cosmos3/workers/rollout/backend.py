@@ -8,7 +8,9 @@ backends share every line of action maths and differ only in where the model run
 * :class:`~rlinf_cosmos3.workers.rollout.sglang_group.SGLangServerGroup` — ``sglang serve``
   processes (one per GPU) behind HTTP;
 * :class:`~rlinf_cosmos3.workers.rollout.embedded.EmbeddedPolicyBackend` — diffusers'
-  ``Cosmos3OmniPipeline`` inside Ray actors (:class:`EmbeddedPolicyWorker`).
+  ``Cosmos3OmniPipeline`` inside Ray actors (:class:`EmbeddedPolicyWorker`);
+* :class:`~rlinf_cosmos3.workers.rollout.replay.ReplayBackend` — no model: a recorded dataset's
+  actions, encoded as the model would output them (a conventions self-check).
 
 ``generate`` is a coroutine so the pipelined eval runner can keep several requests (of different
 stages and servers) in flight at once. Use a backend as a context manager: ``__enter__`` starts
@@ -34,6 +36,12 @@ class RolloutBackendError(RuntimeError):
 
 class RolloutBackend(abc.ABC):
     """Serves batched policy requests; see the module docstring."""
+
+    needs_episode_context: bool = False
+    """True for a backend that answers from the episode, not the images (``replay``): the adapter then
+    adds each row's task, init state and policy step to the payload (``"episode"``; never sent to SGLang)."""
+    groups_by_prompt_length: bool = True
+    """Whether requests may only batch prompts of one token length (SGLang's rule; needs the tokenizer)."""
 
     @property
     @abc.abstractmethod

@@ -1,4 +1,4 @@
-"""The ``rollout.model``, ``rollout.sglang`` and ``rollout.embedded`` config sections.
+"""The ``rollout.model``, ``rollout.sglang``, ``rollout.embedded`` and ``rollout.replay`` config sections.
 
 The model section holds what must match the trained model (stats file, normalisation method,
 fps, frame count, horizon, canvas size, view point, domain): a mismatch with training silently
@@ -107,14 +107,18 @@ class RolloutModelConfig:
     """``svd`` (cosmos-framework's eval: ``[c0, c1, c0 x c1]`` projected onto SO(3)) or
     ``gram_schmidt`` (RLinf's)."""
 
-    def validate(self, root: str = "rollout.model") -> RolloutModelConfig:
-        """Check every field and the stats file; raises :class:`ConfigError` naming the field."""
-        model_dir = require_path(self.model_path if self.model_path != "???" else None, f"{root}.model_path",
-                                 "Cosmos3 diffusers model", is_dir=True)
-        for part in ("model_index.json", "text_tokenizer"):  # what the adapter reads; check_components: the rest
-            require((model_dir / part).exists(), f"{root}.model_path",
-                    f"'{model_dir}' has no {part}; it is not a converted diffusers directory",
-                    "point it at the model_diffusers directory written by the checkpoint converter")
+    def validate(self, root: str = "rollout.model", require_model: bool = True) -> RolloutModelConfig:
+        """Check every field and the stats file; raises :class:`ConfigError` naming the field.
+        ``require_model=False`` (the model-free replay backend): ``model_path`` is only read when it names
+        an existing directory (then its training identity is still compared with these settings)."""
+        has_model = require_model or (self.model_path not in ("", "???") and Path(self.model_path).is_dir())
+        if has_model:
+            model_dir = require_path(self.model_path if self.model_path != "???" else None, f"{root}.model_path",
+                                     "Cosmos3 diffusers model", is_dir=True)
+            for part in ("model_index.json", "text_tokenizer"):  # what the adapter reads; check_components: the rest
+                require((model_dir / part).exists(), f"{root}.model_path",
+                        f"'{model_dir}' has no {part}; it is not a converted diffusers directory",
+                        "point it at the model_diffusers directory written by the checkpoint converter")
         require(self.action_normalization not in ("", "???"), f"{root}.action_normalization",
                 "is required (it must be the method used in training)",
                 f"set it explicitly, one of {list(SUPPORTED_METHODS)}")
@@ -123,7 +127,8 @@ class RolloutModelConfig:
         stats_path = require_path(self.action_stats_path if self.action_stats_path != "???" else None,
                                   f"{root}.action_stats_path", "action stats file", is_dir=False)
         self._check_conventions(root)
-        self.check_identity(root)
+        if has_model:
+            self.check_identity(root)
         self._check_stats(stats_path, root)
         try:
             domain = get_action_domain(self.domain_name)
@@ -357,4 +362,65 @@ class EmbeddedConfig:
         require(self.max_inflight_per_worker >= 1, f"{root}.max_inflight_per_worker",
                 f"must be >= 1, got {self.max_inflight_per_worker}")
         require(self.batching_max_size >= 1, f"{root}.batching_max_size", f"must be >= 1, got {self.batching_max_size}")
+        return self
+
+
+@dataclass
+class ReplayConfig:
+    """``rollout.replay``: the model-free backend that answers with a recorded dataset's actions
+    (:mod:`~rlinf_cosmos3.workers.rollout.replay`): a check of the eval's conventions before GPU hours."""
+
+    dataset_root: str | None = None
+    """LeRobot v3 dataset recorded in the same simulator (``meta/episodes`` names each episode's
+    ``task_id`` and ``init_state_id``, as ``toolkits/libero/record_demos.py`` writes them)."""
+    stats_path: str | None = None
+    """Stats file the recorded actions are encoded with, as the SFT data path encodes its targets
+    (``data.dataset.stats_path`` of the training); None: ``rollout.model.action_stats_path``. Set it to
+    the training's file to check that the eval de-normalises with the right one."""
+    batching_max_size: int = 64
+    """Observations per request (nothing is computed per image; bigger is just fewer requests)."""
+
+    def validate(self, pairs: list[tuple[int, int]], suite: str, num_settle_steps: int,
+                 root: str = "rollout.replay") -> ReplayConfig:
+        """The dataset, the stats file and a recorded episode for every (task, init state) of ``pairs``."""
+        from rlinf_cosmos3.workers.rollout.replay_episodes import (
+            ReplayEpisodesError,
+            choose_episodes,
+            read_recorded_episodes,
+        )
+
+        data = require_path(self.dataset_root, f"{root}.dataset_root", "LeRobot dataset", is_dir=True)
+        require((data / "meta" / "info.json").is_file(), f"{root}.dataset_root",
+                f"'{data}' has no meta/info.json: not a LeRobot v3 dataset",
+                "point it at a dataset written by toolkits/libero/record_demos.py")
+        if self.stats_path is not None:
+            stats = require_path(self.stats_path, f"{root}.stats_path", "action stats file", is_dir=False)
+            try:
+                load_action_stats(stats)
+            except (ActionStatsError, OSError, json.JSONDecodeError) as err:
+                raise ConfigError(f"{root}.stats_path", f"unusable stats file: {err}",
+                                  "use the stats file the SFT run trained with") from err
+        require(self.batching_max_size >= 1, f"{root}.batching_max_size", f"must be >= 1, got {self.batching_max_size}")
+        try:
+            chosen, missing = choose_episodes(read_recorded_episodes(data), pairs)
+        except ReplayEpisodesError as err:
+            raise ConfigError(f"{root}.dataset_root", str(err),
+                              "record the dataset with toolkits/libero/record_demos.py") from err
+        require(not missing, f"{root}.dataset_root",
+                f"'{data}' has no recorded episode for (task, init state) {missing[:8]}"
+                + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""),
+                "restrict env.eval.task_ids / env.eval.init_state_ids to recorded episodes, or record them "
+                "(toolkits/libero/record_demos.py)")
+        for (task, init), episode in chosen.items():
+            require(episode.suite in (None, suite), "env.eval.suite",
+                    f"'{suite}' but episode {episode.episode_index} (task {task}, init state {init}) was "
+                    f"recorded in '{episode.suite}'", f"set env.eval.suite={episode.suite}")
+            require(episode.num_settle_steps in (None, num_settle_steps), "env.eval.num_settle_steps",
+                    f"{num_settle_steps} but episode {episode.episode_index} was recorded after "
+                    f"{episode.num_settle_steps} settle steps (its frame 0 is another scene)",
+                    f"set env.eval.num_settle_steps={episode.num_settle_steps}")
+        failed = sorted(pair for pair, e in chosen.items() if e.success is False)
+        if failed:
+            logger.warning("%s: only failed recordings of (task, init state) %s: their replays cannot succeed",
+                           data, failed[:8])
         return self

@@ -14,9 +14,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlinf_cosmos3.cluster import Cluster
     from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
-    from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig, SGLangConfig
+    from rlinf_cosmos3.workers.rollout.config import (
+        EmbeddedConfig,
+        ReplayConfig,
+        RolloutModelConfig,
+        SGLangConfig,
+    )
 
-BACKENDS = ("sglang", "embedded")
+BACKENDS = ("sglang", "embedded", "replay")
 
 
 def make_backend(
@@ -25,10 +30,11 @@ def make_backend(
     *,
     sglang_cfg: SGLangConfig | None = None,
     embedded_cfg: EmbeddedConfig | None = None,
+    replay_cfg: ReplayConfig | None = None,
     log_dir: str | Path,
     cluster: Cluster | None = None,
 ) -> RolloutBackend:
-    """The configured backend, not yet started (``rollout.rollout_backend``: ``sglang`` | ``embedded``)."""
+    """The configured backend, not yet started (``rollout.rollout_backend``: ``sglang`` | ``embedded`` | ``replay``)."""
     if kind == "sglang":
         from rlinf_cosmos3.workers.rollout.config import SGLangConfig
         from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
@@ -41,4 +47,10 @@ def make_backend(
         if cluster is None:
             raise ValueError("the embedded backend runs in Ray actors: pass the run's Cluster")
         return EmbeddedPolicyBackend(model_cfg, embedded_cfg or EmbeddedConfig(), cluster=cluster)
+    if kind == "replay":
+        from rlinf_cosmos3.workers.rollout.replay import ReplayBackend
+
+        if replay_cfg is None:
+            raise ValueError("the replay backend needs rollout.replay (its dataset_root)")
+        return ReplayBackend(model_cfg, replay_cfg)
     raise ValueError(f"unknown rollout backend {kind!r}; use one of {list(BACKENDS)}")

@@ -17,6 +17,11 @@ import numpy as np
 
 from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
 
+EPISODE_CONTEXT = "episode"
+"""Optional payload key: per row the ``task_ids``, ``init_state_ids`` and ``steps`` (policy steps so far)
+of the observation's episode. Added by the adapter only for a backend with ``needs_episode_context``
+(the model-free ``replay`` backend); SGLang's and the embedded backend's payloads never carry it."""
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
