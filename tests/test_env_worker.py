@@ -465,39 +465,20 @@ def _scripted_solution() -> tuple[np.ndarray, int]:
 
 
 @pytest.mark.slow
-def test_scripted_success_ends_the_episode_at_its_first_successful_step(cluster: Cluster) -> None:
-    """Replaying the scripted solution through the env worker in 16-step chunks succeeds too, and the
-    episode ends exactly at the first successful step."""
-    padded, first_success = _scripted_solution()
-    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=1, total_num_envs=1)
-    with env_group(cluster, cfg) as group:
-        _call(group, "setup")
-        out = _call(group, "observe", 0)
-        pgids = set(_call(group, "sim_process_ids"))
-        done_at = 0
-        while not out.done:
-            chunk = padded[done_at:done_at + 16][None]
-            out = _call(group, "chunk_step", 0, chunk, out.obs[SLOT_IDS])
-            done_at += 16
-        (result,) = out.results
-        _call(group, "close")
-    assert (result.success_once, result.success_at_end, result.error) == (True, True, None)
-    assert result.steps == cfg.num_settle_steps + first_success + 1
-    assert not _wait_all_gone(pgids)
-
-
-@pytest.mark.slow
 def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Cluster, tmp_path: Path) -> None:
-    """Two envs side by side: trial 0 replays the scripted solution (a success), trial 1 idles with
-    no-ops to the cap (a failure). Both are recorded, only the failure's mp4 is written."""
+    """Two envs side by side: trial 0 replays the scripted solution in 16-step chunks (a success: the
+    episode ends exactly at its first successful step), trial 1 idles with no-ops to the cap (a failure).
+    Both are recorded, only the failure's mp4 is written; the simulators are gone after close."""
     padded, first_success = _scripted_solution()
-    cap = NUM_SETTLE_STEPS + first_success + 1  # the success lands on the last allowed step
+    succeeds_at = NUM_SETTLE_STEPS + first_success + 1
+    cap = succeeds_at + 16  # the success ends its episode before the cap
     cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
                         max_episode_steps=cap, save_video="failures", video_dir=str(tmp_path / "videos"))
     results: list[EpisodeResult] = []
     with env_group(cluster, cfg) as group:
         _call(group, "setup")
         out = _call(group, "observe", 0)
+        pgids = set(_call(group, "sim_process_ids"))
         done_at = 0
         while not out.done:
             chunk = [padded[done_at:done_at + 16] if trial == 0 else np.tile(NOOP, (16, 1))
@@ -507,9 +488,11 @@ def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Clust
             done_at += 16
         _call(group, "close")
     by_trial = {r.trial_id: r for r in results}
-    assert sorted(by_trial) == [0, 1] and all(r.error is None and r.steps == cap for r in results)
-    assert (by_trial[0].success_once, by_trial[0].video_path) == (True, None)
+    assert sorted(by_trial) == [0, 1] and all(r.error is None for r in results)
+    assert (by_trial[0].success_once, by_trial[0].success_at_end, by_trial[0].steps) == (True, True, succeeds_at)
+    assert by_trial[1].steps == cap and by_trial[0].video_path is None
     assert not by_trial[1].success_once and by_trial[1].video_path is not None
     assert by_trial[1].video_path.endswith("task00_trial01_failure.mp4")
     assert len(_decode(by_trial[1].video_path)) == cap
     assert [p.name for p in (tmp_path / "videos").rglob("*") if p.is_file()] == ["task00_trial01_failure.mp4"]
+    assert not _wait_all_gone(pgids)

@@ -103,31 +103,24 @@ def test_a_given_backend_is_used_and_left_running(model_files: dict[str, Path], 
     assert "CREATED" not in _embedded_groups()
 
 
-def test_a_backend_the_runner_makes_is_closed_at_the_end(model_files: dict[str, Path], cluster: Cluster,
-                                                          tmp_path: Path) -> None:
-    cfg = _cfg(model_files, stages=1)
+def test_a_backend_the_runner_makes_is_closed_at_the_end_and_failures_have_named_videos(
+        model_files: dict[str, Path], cluster: Cluster, tmp_path: Path) -> None:
+    """The runner closes the backend it started. With save_video=failures the tiny random model fails
+    both episodes, so both have an mp4 on disk, named by its results.jsonl row (relative to the run
+    directory) and listed in summary.json; nothing else is left in the video directory (no partial
+    file). A success's video being dropped is checked on a scripted success in test_env_worker.py."""
+    cfg = _cfg(model_files, stages=1, save_video="failures", video_dir=str(tmp_path / "videos"))
     before = len(_embedded_groups())
     summary = PipelinedEvalRunner(cfg, tmp_path).run(cluster)
     _check_run(tmp_path, summary.env_steps)
     states = _embedded_groups()
     assert len(states) == before + 1, "the runner should have started its own backend"
     assert "CREATED" not in states, f"the runner's own backend is still up: {states}"
-
-
-def test_save_video_failures_writes_and_names_exactly_the_failed_episodes(model_files: dict[str, Path],
-                                                                            cluster: Cluster, tmp_path: Path) -> None:
-    """The tiny random model fails both episodes, so both have an mp4 on disk, named by its
-    results.jsonl row (relative to the run directory) and listed in summary.json; nothing else is
-    left in the video directory (no partial file). A success's video being dropped is checked on a
-    scripted success in test_env_worker.py."""
-    cfg = _cfg(model_files, stages=1, save_video="failures", video_dir=str(tmp_path / "videos"))
-    PipelinedEvalRunner(cfg, tmp_path).run(cluster)
-    _check_run(tmp_path, 2 * CAP)
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     on_disk = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "videos").rglob("*") if p.is_file())
     failed = sorted(r["video"] for r in rows if not r["success_once"])
     assert all((r["video"] is None) == r["success_once"] for r in rows), rows
     assert on_disk == failed and len(on_disk) == sum(not r["success_once"] for r in rows)
     assert all(v.endswith("_failure.mp4") and (tmp_path / v).stat().st_size > 0 for v in on_disk)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["save_video"] == "failures" and sorted(summary["videos"]) == on_disk
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["save_video"] == "failures" and sorted(saved["videos"]) == on_disk

@@ -17,11 +17,11 @@ from rlinf_cosmos3.config.base import load_structured, require
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.rollout.config import (
     EmbeddedConfig,
-    ReplayConfig,
     RolloutModelConfig,
     SGLangConfig,
 )
 from rlinf_cosmos3.workers.rollout.factory import BACKENDS
+from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
 
 
 @dataclass

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
     from rlinf_cosmos3.workers.rollout.config import (
         EmbeddedConfig,
-        ReplayConfig,
         RolloutModelConfig,
         SGLangConfig,
     )
+    from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
 
 BACKENDS = ("sglang", "embedded", "replay")
 
