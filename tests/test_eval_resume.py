@@ -9,7 +9,7 @@ an identical one killed with SIGKILL part way, then that one resumed: same count
 once, and the same per-episode outcome. Per episode the outcome does not depend on which episodes
 share the process: the simulator is rebuilt with ``env.eval.seed`` and reset to the fixed init state,
 and every embedded request carries ``rollout.model.seed`` (observation ``i`` of a request draws with
-``seed + i``); with one env per stage, as here, each request holds one observation, so the resumed
+``seed + i``); with one env per stage (here one env in all), each request holds one observation, so the resumed
 episodes get exactly the noise they got in the uninterrupted run.
 """
 
@@ -125,9 +125,11 @@ def test_nothing_missing_rewrites_the_summary_without_ray(inputs, tmp_path) -> N
 
 # ---------------------------------------------------------------------------------------------- end to end
 
-E2E = ("rollout.rollout_backend=embedded", "env.eval.trials_per_task=4", "env.eval.max_episode_steps=26",
-       "env.eval.save_video=none", "env.eval.stop_on_success=false")
-"""4 episodes of one chunk each on 2 slots (one per stage): each slot runs two episodes in turn."""
+E2E = ("rollout.rollout_backend=embedded", "env.eval.total_num_envs=1", "rollout.pipeline_stage_num=1",
+       "env.eval.max_episode_steps=26", "env.eval.save_video=none", "env.eval.stop_on_success=false")
+"""The tiny YAML's 2 episodes (task 0, init states 0 and 1), one chunk each, in turn on one env: the
+kill can land between them."""
+N = 2
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
@@ -155,22 +157,24 @@ def _assert_none_left(mark: str, grace_s: float = 30.0) -> None:
 
 
 def _start(inputs: dict, logs: Path, mark: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["bash", str(REPO / "evaluations/run_eval.sh"), "libero", TINY, *_overrides(inputs, logs, *E2E, *extra)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, RUN_MARK: mark})
+    """The eval driver as a subprocess; its console output goes to ``<logs>.out``."""
+    with logs.with_suffix(".out").open("w") as out:
+        return subprocess.Popen(
+            ["bash", str(REPO / "evaluations/run_eval.sh"), "libero", TINY, *_overrides(inputs, logs, *E2E, *extra)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, RUN_MARK: mark})
 
 
 def _eval(inputs: dict, logs: Path, *extra: str) -> None:
     mark = os.urandom(6).hex()
     proc = _start(inputs, logs, mark, *extra)
-    assert proc.wait(timeout=900) == 0
+    assert proc.wait(timeout=900) == 0, logs.with_suffix(".out").read_text()[-3000:]
     _assert_none_left(mark)
 
 
 def _outcomes(run: Path) -> dict[tuple[int, int], tuple]:
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     keys = [(r["task_id"], r["trial_id"]) for r in rows]
-    assert sorted(keys) == [(0, t) for t in range(4)], keys  # each episode exactly once
+    assert sorted(keys) == [(0, t) for t in range(N)], keys  # each episode exactly once
     return {(r["task_id"], r["trial_id"]): (r["success_once"], r["success_at_end"], r["steps"], r["error"])
             for r in rows}
 
@@ -194,16 +198,16 @@ def test_an_eval_killed_mid_run_and_resumed_matches_an_uninterrupted_one(inputs,
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert 1 <= lines < 4, f"the eval was not caught part way ({lines} episodes written)"
+    assert 1 <= lines < N, f"the eval was not caught part way ({lines} episodes written)"
     _assert_none_left(mark)
     (killed,) = logs.iterdir()
     written = [line for line in (killed / "results.jsonl").read_text().splitlines() if line.endswith("}")]
-    assert 1 <= len(written) < 4, written
+    assert 1 <= len(written) < N, written
 
     _eval(inputs, tmp_path / "unused", f"runner.resume_dir={killed}")
     assert not (tmp_path / "unused").exists()  # the resumed run writes into the run it finishes
     log = (killed / "eval_embodiment.log").read_text()
-    assert f"{len(written)} episodes kept, {4 - len(written)} to run" in log, log
+    assert f"{len(written)} episodes kept, {N - len(written)} to run" in log, log
     assert _outcomes(killed) == _outcomes(full)
     a, b = (json.loads((run / "summary.json").read_text()) for run in (full, killed))
     assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}
