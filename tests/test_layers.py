@@ -41,6 +41,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     # config imports workers: #14 section 4, to be removed
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.env.config"),
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.config"),
+    ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.replay_config"),
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.factory"),
     # config imports cluster/ and data/ schemas: #14 section 4, to be removed
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.cluster.config"),

@@ -8,6 +8,7 @@ checks everything (paths, the converted model's training identity and the stats 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +32,22 @@ class EvalRunnerConfig:
     logs_dir: str = "logs"
     """Run directory ``<logs_dir>/<timestamp>-<config>/``: log, results.jsonl, summary.json, TensorBoard, videos."""
     experiment_name: str = "libero_eval_cosmos3"
+    resume_dir: str | None = None
+    """An earlier eval's run directory to finish instead of starting a new one: a run killed part way
+    (a lost machine, a timeout) keeps the episodes its results.jsonl holds and runs only the missing
+    ones, into that same directory (see :mod:`rlinf_cosmos3.runners.eval_resume`). The settings that
+    define the episodes must equal those in its config.yaml."""
+
+    def validate(self, root: str = "runner") -> None:
+        """``resume_dir``, when set, must be an eval run directory (results.jsonl and config.yaml)."""
+        if self.resume_dir is None:
+            return
+        # = tracking.results_file.RESULTS_FILE (not imported: config sits below tracking; test_eval_resume checks the name)
+        for name in ("results.jsonl", "config.yaml"):
+            require((Path(self.resume_dir) / name).is_file(), f"{root}.resume_dir",
+                    f"'{self.resume_dir}' has no {name}: not an eval run directory",
+                    "give the run directory logs/<timestamp>-<config> that evaluations/run_eval.sh printed, "
+                    "or leave runner.resume_dir unset to start a new run")
 
 
 @dataclass
@@ -87,6 +104,7 @@ def load_eval_config(raw: Any, *, check_gpus: bool = True) -> EvalConfig:
 def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
     """Every rule of an eval run; raises :class:`ConfigError` naming the field and the fix."""
     cfg.cluster.validate("cluster")
+    cfg.runner.validate("runner")
     rollout = cfg.rollout
     require(rollout.rollout_backend in BACKENDS, "rollout.rollout_backend",
             f"unknown backend '{rollout.rollout_backend}'", f"use one of {list(BACKENDS)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections import defaultdict
 from contextlib import nullcontext
@@ -26,6 +27,7 @@ from tqdm import tqdm
 
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
+from rlinf_cosmos3.runners.eval_resume import ResumeState
 from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.tracking.success import success_by_task
 from rlinf_cosmos3.tracking.success_plot import plot_success
@@ -153,16 +155,25 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
     )
 
 
+def write_summary(summary: EvalSummary, results: list[EpisodeResult], run_dir: Path) -> None:
+    """summary.json and success.png of all ``results`` (a resumed run: the kept rows too)."""
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    write_success_plot(results, run_dir / "success.png",
+                       f"{summary.suite}: success_once, cap {summary.step_cap} steps, {summary.num_trajectories} episodes")
+
+
 class PipelinedEvalRunner:
     """Drives the env workers and a rollout backend through one evaluation.
 
     It starts (and stops) its env workers; the backend is its own unless one is handed to
-    :meth:`run` (see there).
+    :meth:`run` (see there). With ``resume`` it runs only ``resume.remaining`` and appends them to the
+    run directory's results.jsonl after the kept rows (see :mod:`rlinf_cosmos3.runners.eval_resume`).
     """
 
-    def __init__(self, cfg: EvalConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: EvalConfig, run_dir: Path, resume: ResumeState | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.resume = resume
         self.results: list[EpisodeResult] = []
         self.chunk_requests = 0
         self._waits = [0.0, 0.0]  # inference, sim (summed over stage loops)
@@ -183,7 +194,9 @@ class PipelinedEvalRunner:
         ``steady_time_s`` starts at the end of the earliest stage's first observation instead.
         """
         cfg, env = self.cfg, self.cfg.env.eval
-        self.results, self.chunk_requests, self._waits = [], 0, [0.0, 0.0]
+        resume = self.resume
+        self.results = list(resume.kept) if resume else []
+        self.chunk_requests, self._waits = 0, [0.0, 0.0]
         self._first_obs_end, self._first_settle_steps = None, 0
         owned = backend is None
         if backend is None:
@@ -193,14 +206,15 @@ class PipelinedEvalRunner:
                                    cluster=cluster)
         adapter = Cosmos3ActionAdapter(cfg.rollout.model, cfg.rollout.batching_max_size)
         wall = steady = 0.0
-        with start_env_workers(cluster, env, cfg.rollout.pipeline_stage_num) as envs:
+        with start_env_workers(cluster, env, cfg.rollout.pipeline_stage_num,
+                               episodes=resume.remaining if resume else None) as envs:
             infos = envs.call("setup")
             logger.info("env workers ready: %s", ", ".join(
                 f"rank {i['rank']}: {i['episodes']} episodes on {i['busy_slots']}/{i['slots']} envs" for i in infos))
             with (backend if owned else nullcontext(backend)):
                 logger.info("rollout backend %s ready%s", cfg.rollout.rollout_backend,
                             "" if owned else " (given by the caller, left running)")
-                self._open_outputs(env.num_episodes)
+                self._open_outputs(len(resume.remaining) if resume else env.num_episodes, append=resume is not None)
                 try:
                     t0 = time.perf_counter()
                     asyncio.run(self._drive(envs, adapter, backend))
@@ -212,9 +226,9 @@ class PipelinedEvalRunner:
                     envs.call("close")
         summary = summarize(self.results, cfg, wall, self.chunk_requests, steady, self._first_settle_steps,
                             (self._waits[0], self._waits[1]), self.run_dir)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-        write_success_plot(self.results, self.run_dir / "success.png",
-                           f"{summary.suite}: success_once, cap {summary.step_cap} steps, {summary.num_trajectories} episodes")
+        if resume:
+            summary.extra["resumed_episodes"] = len(resume.kept)
+        write_summary(summary, self.results, self.run_dir)
         return summary
 
     async def _drive(self, envs: WorkerGroup, adapter: Cosmos3ActionAdapter, backend: RolloutBackend) -> None:
@@ -245,8 +259,8 @@ class PipelinedEvalRunner:
 
     # ------------------------------------------------------------------ outputs
 
-    def _open_outputs(self, num_episodes: int) -> None:
-        self._results_file = (self.run_dir / "results.jsonl").open("w")
+    def _open_outputs(self, num_episodes: int, append: bool = False) -> None:
+        self._results_file = (self.run_dir / "results.jsonl").open("a" if append else "w")
         self._writer = ScalarWriter(self.run_dir / "tensorboard", prefix="eval")
         self._bar = tqdm(total=num_episodes, desc="eval episodes", unit="ep", dynamic_ncols=True)
 
@@ -261,7 +275,8 @@ class PipelinedEvalRunner:
             logger.info(episode_log_line(result))
             row = {**result.to_dict(), "video": video_entry(result, self.run_dir)}
             self._results_file.write(json.dumps(row) + "\n")
-            self._results_file.flush()
+            self._results_file.flush()  # on disk as each episode ends: a killed eval loses only those in flight
+            os.fsync(self._results_file.fileno())
             n = len(self.results)
             once = sum(r.success_once for r in self.results) / n
             self._writer.log({"success_once": once,
@@ -279,9 +294,14 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     rollout backend's servers do not start)."""
     from rlinf_cosmos3.config import ConfigError
     from rlinf_cosmos3.config.eval import load_eval_config
+    from rlinf_cosmos3.runners.eval_resume import prepare_resume, resumable_dir, start_resumed_run
     from rlinf_cosmos3.tracking import start_run
+    from rlinf_cosmos3.tracking.run_dir import resolve_config
 
-    resolved, run_dir = start_run(raw_cfg, config_name, EVAL_LOG_NAME)
+    if (resumed := resumable_dir(resolve_config(raw_cfg))) is not None:  # else the config check says why
+        resolved, run_dir = resolve_config(raw_cfg), start_resumed_run(resumed, EVAL_LOG_NAME)
+    else:
+        resolved, run_dir = start_run(raw_cfg, config_name, EVAL_LOG_NAME)
     try:
         cfg = load_eval_config(resolved)
         # Ray actors may run elsewhere: hand them absolute paths; videos go inside the run directory.
@@ -295,6 +315,7 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
                 replay.stats_path = str(Path(replay.stats_path).resolve())
         if cfg.env.eval.records_video and not Path(cfg.env.eval.video_dir).is_absolute():
             cfg.env.eval.video_dir = str((run_dir.root / cfg.env.eval.video_dir).resolve())
+        resume = prepare_resume(cfg) if cfg.runner.resume_dir is not None else None
     except ConfigError as err:
         logger.error("invalid config: %s", err)
         return 2
@@ -305,12 +326,20 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
                 env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
                 cfg.rollout.pipeline_stage_num, env.envs_per_stage(cfg.rollout.pipeline_stage_num),
                 cfg.rollout.rollout_backend)
-    try:
-        with Cluster(cfg.cluster) as cluster:  # Ray, env workers and servers are all stopped on the way out
-            summary = PipelinedEvalRunner(cfg, run_dir.root).run(cluster)
-    except ServerStartError as err:  # e.g. a bad rollout.sglang.extra_server_args: the log tail says why
-        logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
-        return 1
+    if resume is not None:
+        logger.info("resuming %s: %d episodes kept, %d to run (%d of them had ended with an error)", run_dir.root,
+                    len(resume.kept), len(resume.remaining), resume.rerun_errors)
+    if resume is not None and not resume.remaining:  # nothing to simulate: no Ray, no server
+        summary = summarize(resume.kept, cfg, 0.0, 0, run_dir=run_dir.root)
+        summary.extra["resumed_episodes"] = len(resume.kept)
+        write_summary(summary, resume.kept, run_dir.root)
+    else:
+        try:
+            with Cluster(cfg.cluster) as cluster:  # Ray, env workers and servers are all stopped on the way out
+                summary = PipelinedEvalRunner(cfg, run_dir.root, resume).run(cluster)
+        except ServerStartError as err:  # e.g. a bad rollout.sglang.extra_server_args: the log tail says why
+            logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
+            return 1
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
                 "(%s, cap %d steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
                 "%.1f s on simulation",

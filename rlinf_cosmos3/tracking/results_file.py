@@ -8,6 +8,7 @@ fails the same way everywhere, with the fix in the message.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -15,23 +16,32 @@ from typing import Any
 RESULTS_FILE = "results.jsonl"
 REQUIRED_FIELDS = ("task_id", "trial_id", "success_once", "success_at_end")
 
+logger = logging.getLogger(__name__)
+
 
 def episode_key(row: dict[str, Any]) -> tuple[str, int, int]:
     """What identifies an episode across runs: suite, task, init state (trial)."""
     return str(row.get("suite", "")), int(row["task_id"]), int(row["trial_id"])
 
 
-def read_results(run_dir: str | Path, init_states: Iterable[int] | None = None) -> list[dict[str, Any]]:
+def read_results(run_dir: str | Path, init_states: Iterable[int] | None = None, *,
+                 drop_torn_tail: bool = False) -> list[dict[str, Any]]:
     """The rows of ``run_dir/results.jsonl`` (only the given init states, when given), file order.
 
     Raises ``FileNotFoundError`` when there is no results file and ``ValueError`` for a line that is
     not a complete row or an episode that appears twice (an eval writes each episode exactly once).
+    ``drop_torn_tail``: a last line that is not JSON -- an eval killed while writing it -- is left out
+    with a warning instead (what resuming that eval needs: the episode is simply run again).
     """
     path = Path(run_dir) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {RESULTS_FILE} in eval run '{run_dir}' (give the run directory "
                                 "logs/<timestamp>-<config> that evaluations/run_eval.sh printed)")
-    rows = [_row(line, path, number) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    if drop_torn_tail and lines and not _is_json(lines[-1][1]):
+        logger.warning("%s:%d is cut off (the eval was killed while writing it); leaving it out", path, lines[-1][0])
+        lines.pop()
+    rows = [_row(line, path, number) for number, line in lines]
     seen: dict[tuple[str, int, int], int] = {}
     for number, row in enumerate(rows, 1):
         key = episode_key(row)
@@ -44,6 +54,14 @@ def read_results(run_dir: str | Path, init_states: Iterable[int] | None = None) 
         wanted = set(init_states)
         rows = [r for r in rows if int(r["trial_id"]) in wanted]
     return rows
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _row(line: str, path: Path, number: int) -> dict[str, Any]:

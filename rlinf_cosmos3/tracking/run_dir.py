@@ -69,13 +69,19 @@ def setup_run_logging(run_dir: RunDir, level: int = logging.INFO) -> None:
         root.addHandler(handler)
 
 
-def start_run(raw_cfg: Any, config_name: str, log_name: str) -> tuple[dict[str, Any], RunDir]:
-    """What every entry point does first: resolve the Hydra config, create the run directory under
-    ``runner.logs_dir`` (default ``logs``), route logging there and save the resolved config."""
+def resolve_config(raw_cfg: Any) -> dict[str, Any]:
+    """A Hydra/OmegaConf config (or a dict) as a plain dict, interpolations resolved, Hydra's section dropped."""
     from omegaconf import DictConfig, OmegaConf
 
     resolved = OmegaConf.to_container(raw_cfg, resolve=True) if isinstance(raw_cfg, DictConfig) else dict(raw_cfg)
     resolved.pop("hydra", None)
+    return resolved
+
+
+def start_run(raw_cfg: Any, config_name: str, log_name: str) -> tuple[dict[str, Any], RunDir]:
+    """What every entry point does first: resolve the Hydra config, create the run directory under
+    ``runner.logs_dir`` (default ``logs``), route logging there and save the resolved config."""
+    resolved = resolve_config(raw_cfg)
     run_dir = create_run_dir((resolved.get("runner") or {}).get("logs_dir") or "logs", config_name, log_name)
     setup_run_logging(run_dir)
     run_dir.save_config(resolved)

@@ -34,7 +34,7 @@ import numpy as np
 from rlinf_cosmos3.cluster import Worker, WorkerGroup
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.env.episodes import list_episodes, worker_plan
+from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes, worker_plan
 from rlinf_cosmos3.workers.env.slot import EnvSlot, describe
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 
@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 class LiberoEnvWorker(Worker):
     """See the module docstring. Start the group with :func:`start_env_workers` (it makes the actor threaded)."""
 
-    def __init__(self, cfg: EnvEvalConfig, pipeline_stage_num: int = 1) -> None:
+    def __init__(self, cfg: EnvEvalConfig, pipeline_stage_num: int = 1,
+                 episodes: Sequence[Episode] | None = None) -> None:
+        """``episodes``: the ones to run (a resumed eval's missing ones); None: every episode of ``cfg``."""
         try:
             self.cfg = cfg.validate(pipeline_stage_num)
         except ConfigError as err:
@@ -56,7 +58,9 @@ class LiberoEnvWorker(Worker):
             raise ValueError(f"config field 'env.eval.num_workers': is {cfg.num_workers} but the env worker group "
                              f"has {self.world_size} ranks (fix: start one LiberoEnvWorker rank per env worker)")
         self.num_stages = pipeline_stage_num
-        episodes = list_episodes(cfg.resolved_task_ids(), cfg.resolved_init_state_ids())
+        if episodes is None:
+            episodes = list_episodes(cfg.resolved_task_ids(), cfg.resolved_init_state_ids())
+        episodes = [Episode(*e) for e in episodes]
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
         self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)
                         for s in range(pipeline_stage_num)]
@@ -188,8 +192,10 @@ class LiberoEnvWorker(Worker):
 
 
 def start_env_workers(cluster: Cluster, cfg: EnvEvalConfig, pipeline_stage_num: int, *,
-                      cpus_per_rank: float | None = None, name: str = "env") -> WorkerGroup[LiberoEnvWorker]:
-    """The ``cfg.num_workers`` env worker actors, each threaded so its stages step concurrently.
+                      cpus_per_rank: float | None = None, name: str = "env",
+                      episodes: Sequence[Episode] | None = None) -> WorkerGroup[LiberoEnvWorker]:
+    """The ``cfg.num_workers`` env worker actors, each threaded so its stages step concurrently;
+    ``episodes``: a subset of the config's to run (None: all of them).
 
     ``S + 1`` threads: one per stage plus one for control calls. ``cpus_per_rank`` defaults to half
     the cluster's CPUs over the workers (Ray bookkeeping only: the simulators are child processes
@@ -198,6 +204,7 @@ def start_env_workers(cluster: Cluster, cfg: EnvEvalConfig, pipeline_stage_num: 
     if cpus_per_rank is None:
         cpus_per_rank = max(1.0, cluster.resources().total_cpus / (2 * cfg.num_workers))
     return WorkerGroup(LiberoEnvWorker, cluster, cfg.num_workers,
-                       kwargs={"cfg": cfg, "pipeline_stage_num": pipeline_stage_num},
+                       kwargs={"cfg": cfg, "pipeline_stage_num": pipeline_stage_num,
+                               "episodes": None if episodes is None else list(episodes)},
                        cpus_per_rank=cpus_per_rank, name=name, init_distributed=False,
                        max_concurrency=pipeline_stage_num + 1)

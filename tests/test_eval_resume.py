@@ -1,0 +1,160 @@
+"""Resuming an interrupted eval (``runner.resume_dir``).
+
+Config side (fast): the driver entry ``run_eval`` in-process on the real tiny YAML, refusing a resume
+whose episodes were defined differently before Ray starts, reading a torn results.jsonl, re-running
+errored episodes, and only rewriting the summary when nothing is missing.
+
+End to end (slow): the real simulator and the embedded backend on CPU. An uninterrupted eval, then
+an identical one killed with SIGKILL part way, then that one resumed: same counts, each (task, trial)
+once, and the same per-episode outcome. Per episode the outcome does not depend on which episodes
+share the process: the simulator is rebuilt with ``env.eval.seed`` and reset to the fixed init state,
+and every embedded request carries ``rollout.model.seed`` (observation ``i`` of a request draws with
+``seed + i``); with one env per stage (here one env in all), each request holds one observation, so the resumed
+episodes get exactly the noise they got in the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from process_checks import nothing_left_running
+
+from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
+from rlinf_cosmos3.config.eval import load_eval_config
+from rlinf_cosmos3.runners.eval_resume import prepare_resume
+from rlinf_cosmos3.tracking.results_file import RESULTS_FILE
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "evaluations" / "libero"
+TINY = "libero_spatial_cosmos3_eval_tiny"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict:
+    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+
+    root = tmp_path_factory.mktemp("resume")
+    rng = np.random.default_rng(0)
+    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
+    stats = compute_action_stats(episodes, chunk_length=16, metadata={"fps": 20})
+    return {"model": write_model_dir(root / "model", preset="tiny", seed=0),
+            "stats": write_action_stats(stats, root / "stats.json")}
+
+
+def _overrides(inputs: dict, logs: Path, *extra: str) -> list[str]:
+    return [f"rollout.model.model_path={inputs['model']}", f"rollout.model.action_stats_path={inputs['stats']}",
+            f"runner.logs_dir={logs}", *extra]
+
+
+def _raw(inputs: dict, logs: Path, *extra: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return OmegaConf.to_container(compose(TINY, overrides=_overrides(inputs, logs, *extra)), resolve=True)
+
+
+def _row(trial: int, error: str | None = None, success: bool = False) -> dict:
+    return {"suite": "libero_spatial", "task_id": 0, "trial_id": trial, "success_once": success,
+            "success_at_end": success, "steps": 42, "video_path": None, "error": error, "slot_id": trial,
+            "attempts": 1, "task_description": "pick", "video": None}
+
+
+def _old_run(inputs: dict, tmp_path: Path, lines: list[str]) -> Path:
+    """A run directory as an eval leaves it: config.yaml (the tiny YAML: task 0, trials 0 and 1) and results.jsonl."""
+    run = tmp_path / "old_run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(_raw(inputs, tmp_path / "logs")))
+    (run / "results.jsonl").write_text("".join(line + "\n" for line in lines))
+    return run
+
+
+def test_a_resume_with_another_task_list_is_refused_before_ray(inputs, tmp_path) -> None:
+    from rlinf_cosmos3.runners.eval_runner import run_eval
+
+    run = _old_run(inputs, tmp_path, [json.dumps(_row(0))])
+    with nothing_left_running():
+        code = run_eval(_raw(inputs, tmp_path / "logs", "env.eval.task_ids=[1]", f"runner.resume_dir={run}"), "x")
+    assert code == 2
+    log = (run / "eval_embodiment.log").read_text()
+    assert "invalid config: config field 'runner.resume_dir'" in log and "env.eval.task_ids: [0] -> [1]" in log, log
+    assert "(fix: " in log and "Ray " not in log and "evaluating" not in log
+    assert (run / "results.jsonl").read_text().count("\n") == 1  # untouched
+
+
+def test_a_resume_dir_that_is_not_a_run_is_refused(inputs, tmp_path) -> None:
+    from rlinf_cosmos3.runners.eval_runner import run_eval
+
+    assert run_eval(_raw(inputs, tmp_path / "logs", f"runner.resume_dir={tmp_path}"), "x") == 2
+    (new,) = (tmp_path / "logs").glob("*-x")
+    log = (new / "eval_embodiment.log").read_text()
+    assert "config field 'runner.resume_dir'" in log and f"has no {RESULTS_FILE}" in log and "Ray " not in log
+
+
+def test_a_torn_last_line_and_an_errored_episode_are_run_again(inputs, tmp_path) -> None:
+    run = _old_run(inputs, tmp_path, [json.dumps(_row(1, error="simulator crashed")), json.dumps(_row(0))[:-9]])
+    cfg = load_eval_config(_raw(inputs, tmp_path / "logs", f"runner.resume_dir={run}"), check_gpus=False)
+    state = prepare_resume(cfg)
+    assert state.kept == [] and [tuple(e) for e in state.remaining] == [(0, 0), (0, 1)] and state.rerun_errors == 1
+    assert (run / "results.jsonl").read_text() == ""  # only complete, error-free rows stay
+
+    (run / "results.jsonl").write_text(json.dumps(_row(1, success=True)) + "\n")
+    state = prepare_resume(cfg)
+    assert [(r.trial_id, r.success_once) for r in state.kept] == [(1, True)]
+    assert [tuple(e) for e in state.remaining] == [(0, 0)]
+
+
+def test_nothing_missing_rewrites_the_summary_without_ray(inputs, tmp_path) -> None:
+    from rlinf_cosmos3.runners.eval_runner import run_eval
+
+    run = _old_run(inputs, tmp_path, [json.dumps(_row(0, success=True)), json.dumps(_row(1))])
+    with nothing_left_running():
+        assert run_eval(_raw(inputs, tmp_path / "logs", f"runner.resume_dir={run}"), "x") == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_trajectories"] == 2 and summary["success_once"] == 0.5 and summary["resumed_episodes"] == 2
+    log = (run / "eval_embodiment.log").read_text()
+    assert "2 episodes kept, 0 to run" in log and "Ray " not in log and not (tmp_path / "logs").exists()
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+E2E = ("rollout.rollout_backend=embedded", "env.eval.total_num_envs=1", "rollout.pipeline_stage_num=1",
+       "env.eval.max_episode_steps=26", "env.eval.save_video=none", "env.eval.stop_on_success=false")
+"""The tiny YAML's 2 episodes (task 0, init states 0 and 1), one chunk each, in turn on one env, so each
+request holds one observation and an episode draws the same noise whichever episodes share the run."""
+COUNTS = ("num_trajectories", "success_once", "success_at_end", "num_errors", "env_steps", "per_task", "step_cap")
+
+
+def _outcomes(run: Path) -> dict[tuple[int, int], tuple]:
+    rows = [json.loads(line) for line in (run / RESULTS_FILE).read_text().splitlines()]
+    keys = [(r["task_id"], r["trial_id"]) for r in rows]
+    assert sorted(keys) == [(0, 0), (0, 1)], keys  # each episode exactly once
+    return {(r["task_id"], r["trial_id"]): (r["success_once"], r["success_at_end"], r["steps"], r["error"])
+            for r in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_a_run_cut_after_one_episode_and_resumed_matches_the_uninterrupted_run(inputs, tmp_path) -> None:
+    """What a kill leaves (results.jsonl is fsynced per episode: the finished episodes and a torn line) is
+    made from an uninterrupted run's own files; the resumed run runs only the missing episode with Ray and
+    the real simulator and ends with the uninterrupted run's counts and per-episode outcomes."""
+    from rlinf_cosmos3.runners.eval_runner import run_eval
+
+    with nothing_left_running():
+        assert run_eval(_raw(inputs, tmp_path / "full", *E2E), "x") == 0
+    (full,) = (tmp_path / "full").iterdir()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.yaml").write_text((full / "config.yaml").read_text())
+    first, second = (full / RESULTS_FILE).read_text().splitlines()
+    (cut / RESULTS_FILE).write_text(first + "\n" + second[: len(second) // 2])  # episode 2 torn by the kill
+    with nothing_left_running():
+        assert run_eval(_raw(inputs, tmp_path / "unused", *E2E, f"runner.resume_dir={cut}"), "x") == 0
+    assert not (tmp_path / "unused").exists()  # the resumed run writes into the run it finishes
+    assert "1 episodes kept, 1 to run" in (cut / "eval_embodiment.log").read_text()
+    assert _outcomes(cut) == _outcomes(full)
+    a, b = (json.loads((run / "summary.json").read_text()) for run in (full, cut))
+    assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS} and b["resumed_episodes"] == 1
