@@ -20,7 +20,10 @@
 # set PYTHONPATH, RLINF_COSMOS3_SGLANG_PYTHON and RLINF_COSMOS3_LIBERO_PYTHON); on a machine with the project's
 # three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
 #   LP_TASK (0)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (1500)  LP_SAVE_INTERVAL (250)
-#   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds)  LP_RECORD_ENVS (16)
+#   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
+#   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
+#   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
+#   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
 #   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
 #   LP_EVAL_ARGS (extra Hydra overrides for eval)
 set -euo pipefail
