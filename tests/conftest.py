@@ -7,6 +7,10 @@ policy). Modules that read demonstrations (data reader, SFT) use it instead of r
 
 ``adapter_model_dir``: the parts of a Cosmos3 model directory the eval config and the action adapter
 read (model_index.json and the real tiny tokenizer), without weights.
+
+``tiny_model_and_stats``: a real tiny Cosmos3 diffusers directory (seed 0) and an action-stats file
+computed at 20 fps on one random 40-step episode: what config validation needs when the numbers do
+not matter. Shared read-only; a test that needs other files writes them next to its own tmp_path.
 """
 
 from __future__ import annotations
@@ -41,6 +45,31 @@ def adapter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tokenizer().save_pretrained(root / "text_tokenizer")
     (root / "model_index.json").write_text(json.dumps({"_class_name": "Cosmos3OmniPipeline"}))
     return root
+
+
+@dataclass(frozen=True)
+class TinyModelAndStats:
+    """A tiny random Cosmos3 model directory and a stats file (with the stats document it holds)."""
+
+    model: Path
+    stats: Path
+    stats_doc: dict
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_stats(tmp_path_factory: pytest.TempPathFactory) -> TinyModelAndStats:
+    """A tiny model (seed 0) and stats of one random 40-step episode at 20 fps; read-only."""
+    import numpy as np
+
+    from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
+    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+
+    root = tmp_path_factory.mktemp("tiny_model_and_stats")
+    rng = np.random.default_rng(0)
+    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
+    stats = compute_action_stats(episodes, metadata={"fps": 20})
+    return TinyModelAndStats(model=write_model_dir(root / "model", preset="tiny", seed=0),
+                             stats=write_action_stats(stats, root / "stats.json"), stats_doc=stats)
 
 
 @pytest.fixture(scope="session")

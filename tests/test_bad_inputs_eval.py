@@ -15,13 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from process_checks import nothing_left_running
 
-from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
 from rlinf_cosmos3.config.hydra_cli import compose_overrides
@@ -38,15 +36,10 @@ def _nothing_left_running():
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict:
-    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
-
-    root = tmp_path_factory.mktemp("bad_eval")
-    rng = np.random.default_rng(0)
-    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    stats = compute_action_stats(episodes, chunk_length=16, metadata={"fps": 20})
-    return {"root": root, "model": write_model_dir(root / "model", preset="tiny", seed=0),
-            "stats": write_action_stats(stats, root / "stats.json"), "stats_doc": stats}
+def inputs(tiny_model_and_stats, tmp_path_factory) -> dict:
+    tiny = tiny_model_and_stats
+    return {"root": tmp_path_factory.mktemp("bad_eval"), "model": tiny.model, "stats": tiny.stats,
+            "stats_doc": tiny.stats_doc}
 
 
 def _overrides(inputs: dict, *extra: str) -> list[str]:

@@ -21,8 +21,6 @@ import pytest
 from dataset_helpers import write_libero_like
 from process_checks import nothing_left_running
 
-from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
-
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -40,14 +38,9 @@ def _cli(relative: str):
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, Path]:
-    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
-
+def inputs(tiny_model_and_stats, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad_toolkits")
-    rng = np.random.default_rng(0)
-    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    return {"root": root, "model": write_model_dir(root / "model", preset="tiny", seed=0),
-            "stats": write_action_stats(compute_action_stats(episodes, metadata={"fps": 20}), root / "stats.json"),
+    return {"root": root, "model": tiny_model_and_stats.model, "stats": tiny_model_and_stats.stats,
             # lerobot's writer; its random actions keep the gripper in [-0.5, 0.5], not the stored [0, 1]
             "data": write_libero_like(root / "data", length=20),
             "no_action": write_libero_like(root / "no_action", action_dim=None),

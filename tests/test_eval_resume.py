@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from process_checks import nothing_left_running
 
-from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config.eval import load_eval_config
 from rlinf_cosmos3.runners.eval_resume import prepare_resume
 from rlinf_cosmos3.tracking.results_file import RESULTS_FILE
@@ -36,15 +34,8 @@ TINY = "libero_spatial_cosmos3_eval_tiny"
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict:
-    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
-
-    root = tmp_path_factory.mktemp("resume")
-    rng = np.random.default_rng(0)
-    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    stats = compute_action_stats(episodes, chunk_length=16, metadata={"fps": 20})
-    return {"model": write_model_dir(root / "model", preset="tiny", seed=0),
-            "stats": write_action_stats(stats, root / "stats.json")}
+def inputs(tiny_model_and_stats) -> dict:
+    return {"model": tiny_model_and_stats.model, "stats": tiny_model_and_stats.stats}
 
 
 def _overrides(inputs: dict, logs: Path, *extra: str) -> list[str]:

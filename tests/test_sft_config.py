@@ -16,22 +16,17 @@ from omegaconf import OmegaConf
 from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import load_sft_config
-from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "examples" / "sft" / "config"
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, str]:
+def paths(tiny_model_and_stats, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("sftcfg")
-    model = write_model_dir(root / "model", preset="tiny", seed=0)
-    rng = np.random.default_rng(0)
-    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    stats = compute_action_stats(episodes, chunk_length=16, metadata={"fps": 20})
-    stats_path = write_action_stats(stats, root / "stats.json")
     dataset = write_libero_like(root / "dataset")  # a real LeRobot v3 dataset, cameras as images
-    return {"model": str(model), "stats": str(stats_path), "data": str(dataset), "root": str(root)}
+    return {"model": str(tiny_model_and_stats.model), "stats": str(tiny_model_and_stats.stats), "data": str(dataset),
+            "root": str(root)}
 
 
 def _compose(name: str, overrides: list[str]) -> dict:

@@ -110,15 +110,9 @@ def test_retention_and_a_disk_that_fills_up_mid_run(sft_inputs, tmp_path, monkey
 
 
 @pytest.fixture(scope="module")
-def cfg_inputs(recorded_libero_dataset, tmp_path_factory) -> dict[str, Path]:
+def cfg_inputs(recorded_libero_dataset, tiny_model_and_stats) -> dict[str, Path]:
     """A tiny model, a stats file and the session's recorded dataset (validation reads its meta/info.json)."""
-    import numpy as np
-
-    root = tmp_path_factory.mktemp("preflight")
-    rng = np.random.default_rng(0)
-    episodes = [np.concatenate([rng.uniform(-1, 1, (40, 6)), rng.uniform(0, 1, (40, 1))], axis=1)]
-    return {"model": write_model_dir(root / "model", preset="tiny", seed=0),
-            "stats": write_action_stats(compute_action_stats(episodes, metadata={"fps": 20}), root / "stats.json"),
+    return {"model": tiny_model_and_stats.model, "stats": tiny_model_and_stats.stats,
             "data": recorded_libero_dataset.root}
 
 
