@@ -179,6 +179,20 @@ def test_plot_training_rejects_what_is_not_an_sft_run(tmp_path, capsys) -> None:
     assert not list(tmp_path.rglob("*.png"))
 
 
+def test_plot_training_joins_a_run_and_its_resumption(tmp_path) -> None:
+    from rlinf_cosmos3.tracking import ScalarWriter
+
+    for name, steps in (("first", range(1, 4)), ("resumed", range(3, 6))):
+        with ScalarWriter(tmp_path / name / "tensorboard", prefix="train") as writer:
+            for step in steps:
+                writer.log({"loss": 10.0 * step + (0.5 if name == "resumed" else 0.0), "lr": 1e-4}, step=step)
+    plot = _cli("toolkits/plot_training.py")
+    steps, values = plot.joined_scalars([tmp_path / "first", tmp_path / "resumed"])["train/loss"]
+    assert steps == [1, 2, 3, 4, 5] and values == [10.0, 20.0, 30.5, 40.5, 50.5]  # the resumed run wins at step 3
+    assert plot.main([str(tmp_path / "first"), str(tmp_path / "resumed"), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ----------------------------------------------------------------------------- open_loop_error
 def test_open_loop_error_checks_the_model_like_evaluation(inputs, tmp_path, capsys) -> None:
     import dataclasses

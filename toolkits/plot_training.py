@@ -1,9 +1,11 @@
 """Training curves of an SFT run as a picture: loss, action loss, learning rate and grad norm vs step.
 
-    .venv/bin/python toolkits/plot_training.py logs/<timestamp>-<config> [--out curves.png]
+    .venv/bin/python toolkits/plot_training.py logs/<timestamp>-<config> [MORE_RUNS ...] [--out curves.png]
 
 Reads the run's TensorBoard events (``<run>/tensorboard``, the ``train/*`` scalars the SFT driver
-writes) and draws a 2 x 2 figure (default: ``<run>/training_curves.png``).
+writes) and draws a 2 x 2 figure (default: ``<first run>/training_curves.png``). A training resumed
+with ``runner.resume_dir`` logs into a run directory of its own: give them all, in order, and the
+curves join into one (where steps overlap, the later run's values are drawn).
 """
 
 from __future__ import annotations
@@ -30,16 +32,27 @@ def read_scalars(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
             for tag in acc.Tags()["scalars"]}
 
 
-def plot(run_dir: Path, out: Path) -> Path:
+def joined_scalars(run_dirs: list[Path]) -> dict[str, tuple[list[int], list[float]]]:
+    """The ``train/*`` scalars of runs that continue one another, by step (later runs win on overlap)."""
+    by_tag: dict[str, dict[int, float]] = {}
+    for run_dir in run_dirs:
+        scalars = read_scalars(run_dir)
+        if "train/loss" not in scalars:
+            raise ValueError(f"no train/loss scalars in {run_dir} (not an SFT run directory?); give the "
+                             "logs/<timestamp>-<config> directory the SFT launcher printed")
+        for tag, (steps, values) in scalars.items():
+            by_tag.setdefault(tag, {}).update(zip(steps, values, strict=True))
+    return {tag: (sorted(points), [points[step] for step in sorted(points)]) for tag, points in by_tag.items()}
+
+
+def plot(run_dirs: Path | list[Path], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scalars = read_scalars(run_dir)
-    if "train/loss" not in scalars:
-        raise ValueError(f"no train/loss scalars in {run_dir} (not an SFT run directory?); give the "
-                         "logs/<timestamp>-<config> directory the SFT launcher printed")
+    run_dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    scalars = joined_scalars(run_dirs)
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     for ax, (tag, title, log_y) in zip(axes.flat, PANELS, strict=True):
         steps, values = scalars.get(tag, ([], []))
@@ -53,7 +66,7 @@ def plot(run_dir: Path, out: Path) -> Path:
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    fig.suptitle(run_dir.name, fontsize=10)
+    fig.suptitle(" + ".join(run_dir.name for run_dir in run_dirs), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -63,11 +76,12 @@ def plot(run_dir: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="SFT run directory (logs/<timestamp>-<config>)")
-    parser.add_argument("--out", type=Path, help="PNG to write (default: <run_dir>/training_curves.png)")
+    parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir",
+                        help="SFT run directory (logs/<timestamp>-<config>); several: a run and its resumptions, in order")
+    parser.add_argument("--out", type=Path, help="PNG to write (default: <first run_dir>/training_curves.png)")
     args = parser.parse_args(argv)
     try:
-        out = plot(args.run_dir, args.out or args.run_dir / "training_curves.png")
+        out = plot(args.run_dirs, args.out or args.run_dirs[0] / "training_curves.png")
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

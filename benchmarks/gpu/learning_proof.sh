@@ -137,8 +137,9 @@ if phase report; then
     [ -n "$run" ] && groups+=(--group held_out "$run")
   done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report.json" "${groups[@]}"
-  sft_run=$(latest "$LOGS/sft")
-  [ -n "$sft_run" ] && "$PY" toolkits/plot_training.py "$sft_run" --out "$WORK/training_curves.png"
+  # every SFT run directory, oldest first: a training resumed in a later call continues the curves
+  mapfile -t sft_runs < <(ls -dtr "$LOGS"/sft/*/ 2>/dev/null | sed 's:/$::')
+  [ ${#sft_runs[@]} -gt 0 ] && "$PY" toolkits/plot_training.py "${sft_runs[@]}" --out "$WORK/training_curves.png"
   say "phase wall times:"; cat "$TIMES" 2>/dev/null || true
 fi
 say "done: $WORK"
