@@ -12,7 +12,8 @@
 #            16 real LIBERO envs; init states 0..49 with policy seed 42, then the held-out states again with
 #            each seed of $LP_EXTRA_SEEDS
 #   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
-#            toolkits/plot_training.py -> $WORK/training_curves.png
+#            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
+#            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4
 #
 #   bash benchmarks/gpu/learning_proof.sh WORK [PHASES]     # PHASES: comma list (default: all of the above)
 #
@@ -137,6 +138,25 @@ if phase report; then
     [ -n "$run" ] && groups+=(--group held_out "$run")
   done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report.json" "${groups[@]}"
+  # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
+  [ -n "$first" ] && "$PY" - "$first" "$WORK" <<'EOF'
+import json
+import shutil
+import sys
+from pathlib import Path
+
+run, work = Path(sys.argv[1]), Path(sys.argv[2])
+rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+for name, want in (("success", True), ("failure", False)):
+    row = next((r for r in rows if r["success_once"] is want and r.get("video")), None)
+    if row is None:
+        print(f"[learning_proof] no {name} video in {run}")
+        continue
+    src = Path(row["video"]) if Path(row["video"]).is_absolute() else run / row["video"]
+    dst = shutil.copyfile(src, work / f"{name}.mp4")
+    print(f"[learning_proof] {name} video: init state {row['trial_id']}, {row['steps']} steps, "
+          f"{Path(dst).stat().st_size / 2**20:.2f} MiB -> {dst}")
+EOF
   # every SFT run directory, oldest first: a training resumed in a later call continues the curves
   mapfile -t sft_runs < <(ls -dtr "$LOGS"/sft/*/ 2>/dev/null | sed 's:/$::')
   [ ${#sft_runs[@]} -gt 0 ] && "$PY" toolkits/plot_training.py "${sft_runs[@]}" --out "$WORK/training_curves.png"
