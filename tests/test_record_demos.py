@@ -280,3 +280,33 @@ def test_cli_can_store_the_cameras_as_image_features(tmp_path) -> None:
     stored = np.array(Image.open(io.BytesIO(first)).convert("RGB"))
     assert torch.equal(sample["image"][0], torch.from_numpy(stored).permute(2, 0, 1))
     assert float(sample["image"].float().std()) > 10  # a rendered scene, not a blank frame
+
+
+@pytest.mark.slow
+def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path) -> None:
+    """``--action-noise`` with ``--recorded-action clean`` (DART-style): the same seed runs the same noisy
+    commands in the simulator (identical recorded states), but each frame's label is the scripted command
+    before the noise: the two recordings differ in the motion dimensions by at most the noise, never in
+    the gripper."""
+    import pyarrow.parquet as pq
+
+    from rlinf_cosmos3.actions import read_lerobot_episode_actions
+    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
+    from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+
+    noise = 0.2
+    recorded = {}
+    for mode in ("executed", "clean"):
+        cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0], out=tmp_path / mode,
+                           repo_id=f"local/{mode}", max_steps=20, keep_failed=True, camera_storage="image",
+                           policy=PolicyConfig(noise_std=noise), recorded_action=mode)
+        record_demos(cfg, show_progress=False)
+        states = pq.read_table(sorted((cfg.out / "data").rglob("*.parquet")), columns=[STATE_KEY, "index"])
+        recorded[mode] = (np.stack(states.sort_by("index").column(STATE_KEY).to_pylist()),
+                          read_lerobot_episode_actions(cfg.out).episodes[0])
+    (states_e, actions_e), (states_c, actions_c) = recorded["executed"], recorded["clean"]
+    assert actions_e.shape == actions_c.shape == (20, 7)
+    np.testing.assert_array_equal(states_e, states_c)  # one trajectory: the same commands ran
+    diff = np.abs(actions_e[:, :6] - actions_c[:, :6])
+    assert diff.max() <= 5 * noise and diff.mean() > noise / 4, diff  # the labels lack the noise
+    np.testing.assert_array_equal(actions_e[:, 6], actions_c[:, 6])

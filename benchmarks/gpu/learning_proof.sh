@@ -26,7 +26,8 @@
 #   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
 #   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
 #   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
-#   LP_EVAL_ARGS (extra Hydra overrides for eval)
+#   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_RECORD_ARGS (extra record_demos.py flags, e.g.
+#   "--action-noise 0.1 --recorded-action clean": perturbed demonstrations with corrective labels)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -80,9 +81,10 @@ EOF
 
 if phase record && [ ! -f "$DEMOS/meta/info.json" ]; then
   say "recording libero_spatial task $TASK, init states 0..49 -> $DEMOS"
+  # shellcheck disable=SC2086
   timed record "$PY" toolkits/libero/record_demos.py --suite libero_spatial --task-ids "$TASK" --init-states 50 \
     --out "$DEMOS" --repo-id local/learning_proof --num-envs "${LP_RECORD_ENVS:-16}" \
-    --summary-json "$WORK/record_summary.json" --no-progress
+    --summary-json "$WORK/record_summary.json" --no-progress ${LP_RECORD_ARGS:-}
 fi
 
 TRAIN_EPISODES=""

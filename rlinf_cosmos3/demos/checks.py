@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import ConfigError, require
-from rlinf_cosmos3.demos.record_config import RecordConfig
+from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS, RecordConfig
 from rlinf_cosmos3.sim.client import require_simulator_python
 from rlinf_cosmos3.sim.libero_suites import NUM_INIT_STATES, SUITE_MAX_STEPS, SUITE_NUM_TASKS
 
@@ -42,6 +42,9 @@ def check_record_config(cfg: RecordConfig, camera_storages: tuple[str, ...]) -> 
             "give the number of simulator processes to run in parallel (1 per free core)")
     require(cfg.policy.noise_std >= 0, "policy.noise_std", f"must be >= 0, got {cfg.policy.noise_std}",
             "use 0 (the scripted commands as they are) or a positive standard deviation")
+    require(cfg.recorded_action in RECORDED_ACTIONS, "recorded_action", f"unknown choice {cfg.recorded_action!r}",
+            f"use one of {list(RECORDED_ACTIONS)} (executed: the command the simulator ran; clean: before "
+            "the action noise)")
     require(cfg.camera_storage in camera_storages, "camera_storage", f"unknown storage {cfg.camera_storage!r}",
             f"use one of {list(camera_storages)}")
     out = Path(cfg.out)

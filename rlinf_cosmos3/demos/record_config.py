@@ -10,6 +10,11 @@ from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE
 from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
 from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, suite_max_steps
 
+RECORDED_ACTIONS = ("executed", "clean")
+"""What a frame's action is: the command sent to the simulator (``policy.noise_std`` included), or the
+scripted policy's command before that noise (DART-style: the states show the perturbations, the labels
+the correction back to the scripted path). The same without noise."""
+
 
 @dataclass
 class RecordConfig:
@@ -29,6 +34,7 @@ class RecordConfig:
     fps: int = FPS
     camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    recorded_action: str = "executed"  # one of RECORDED_ACTIONS
 
     def resolved_max_steps(self) -> int:
         if self.num_settle_steps < 0:

@@ -108,7 +108,8 @@ class DemoRecorder:
         else:  # run
             assert ep.policy is not None and ep.obs is not None
             command = ep.policy.act(ep.obs)
-            ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], command))
+            label = ep.policy.last_clean_action if cfg.recorded_action == "clean" else command
+            ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], label))
             slot.proc.send("step", {"action": command}, privileged=True)
 
     def _on_reply(self, slot: _Slot, reply: Reply) -> bool:

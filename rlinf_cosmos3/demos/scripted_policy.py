@@ -114,6 +114,9 @@ class ScriptedPickPlace:
         self.regrasps = 0
         self._plan: dict[str, Any] = {}
         self._eef_history: list[np.ndarray] = []
+        self.last_clean_action: np.ndarray | None = None
+        """The last command of :meth:`act` before ``noise_std`` was added (clipped alike): what a
+        recording stores as the label when the executed command carries noise (DART-style)."""
 
     @property
     def done(self) -> bool:
@@ -218,9 +221,10 @@ class ScriptedPickPlace:
         err = matrix_to_axis_angle(self._plan["rot"] @ current.T)
         w = np.clip(err / ROT_SCALE_RAD * self.cfg.rot_gain, -1.0, 1.0)
         action = np.concatenate([v, w, [gripper]])
-        if self.cfg.noise_std > 0:
-            action[:6] += self.rng.normal(0.0, self.cfg.noise_std, size=6)
         action[:6] = np.clip(action[:6], -1.0, 1.0)
+        self.last_clean_action = action.copy()
+        if self.cfg.noise_std > 0:
+            action[:6] = np.clip(action[:6] + self.rng.normal(0.0, self.cfg.noise_std, size=6), -1.0, 1.0)
         return action
 
     def _stalled(self, target: np.ndarray, within: float) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.demos.checks import check_record_config
+from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS
 from rlinf_cosmos3.demos.recorder import (
     CAMERA_STORAGES,
     RecordConfig,
@@ -42,7 +43,8 @@ logger = logging.getLogger("record_demos")
 NUM_TASKS = SUITE_NUM_TASKS
 FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init-states", "out": "--out",
          "max_steps": "--max-steps", "num_settle_steps": "--settle-steps", "num_envs": "--num-envs",
-         "policy.noise_std": "--action-noise", "camera_storage": "--camera-storage"}
+         "policy.noise_std": "--action-noise", "camera_storage": "--camera-storage",
+         "recorded_action": "--recorded-action"}
 """RecordConfig field -> the flag that sets it."""
 
 
@@ -89,7 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-failed", action="store_true", help="also keep episodes that did not succeed")
     p.add_argument("--num-envs", type=int, default=1, help="simulator processes stepping in parallel")
     p.add_argument("--action-noise", type=float, default=0.0,
-                   help="std of Gaussian noise added to the policy's motion commands (diversity)")
+                   help="std of Gaussian noise added to the policy's motion commands (diversity, recoveries)")
+    p.add_argument("--recorded-action", choices=RECORDED_ACTIONS, default="executed",
+                   help="the action stored per frame: 'executed' (sent to the simulator, noise included) or "
+                        "'clean' (the scripted command before --action-noise: DART-style labels)")
     p.add_argument("--summary-json", type=Path, default=None, help="also write per-task results here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--log-level", default="INFO")
@@ -117,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         num_envs=args.num_envs,
         policy=PolicyConfig(noise_std=args.action_noise),
         camera_storage=args.camera_storage,
+        recorded_action=args.recorded_action,
     )
     try:  # every input, before a simulator starts or --out is created
         check_record_config(cfg, CAMERA_STORAGES)
