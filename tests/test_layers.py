@@ -14,6 +14,8 @@ together; it only postpones the cost. The test fails when
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # Entry points (examples/, evaluations/, toolkits/, benchmarks/) sit above runners, outside the package.
 LAYERS: dict[str, int] = {
     # 0: configuration schemas and stdlib-only helpers; everything may import them.
-    "config": 0, "paths": 0, "procgroup": 0, "id_lists": 0, "__init__": 0,
+    "config": 0, "paths": 0, "procgroup": 0, "id_lists": 0, "lazy_exports": 0, "__init__": 0,
     # 1: the pieces: conventions, data, simulator bridge, model, training components, checkpoints,
     #    Ray plumbing, run tracking, scripted demonstrations. They may import each other without cycles.
     "actions": 1, "data": 1, "sim": 1, "models": 1, "components": 1, "checkpoint": 1,
@@ -205,3 +207,19 @@ def test_no_import_cycles_between_modules() -> None:
         f"modules that import each other (directly or through others): {cycles}; move what both need "
         "into a module that imports neither"
     )
+
+
+CONFIG_MODULES = ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.config",
+                  "rlinf_cosmos3.workers.env.config", "rlinf_cosmos3.data.config", "rlinf_cosmos3.cluster.config")
+HEAVY = ("torch", "ray", "diffusers", "transformers", "lerobot", "av", "sglang")
+
+
+def test_loading_a_config_imports_no_heavy_package() -> None:
+    """Configs are read (and rejected) before anything starts: in a fresh interpreter, importing every
+    config schema imports none of the packages that take seconds to import or need a GPU stack."""
+    code = (f"import sys\nfor m in {CONFIG_MODULES!r}: __import__(m)\n"
+            f"print(sorted(p for p in {HEAVY!r} if p in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", f"heavy packages imported by loading the configs: {out.stdout.strip()}"

@@ -1,10 +1,24 @@
-"""Ray cluster layer: start/join Ray, place ranks, Worker base class and WorkerGroup."""
+"""Ray cluster layer: start/join Ray, place ranks, Worker base class and WorkerGroup.
 
-from rlinf_cosmos3.cluster.cluster import Cluster, ClusterResources, NodeResources, current_resources
-from rlinf_cosmos3.cluster.config import ClusterConfig
-from rlinf_cosmos3.cluster.placement import PlacementError, PlacementPlan, RankPlacement, plan_placement
-from rlinf_cosmos3.cluster.worker import Worker
-from rlinf_cosmos3.cluster.worker_group import WorkerError, WorkerGroup
+The names are loaded on first use (PEP 562): configs import ``rlinf_cosmos3.cluster.config``, and
+that must not start importing Ray and torch, which loading a config never needs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlinf_cosmos3.lazy_exports import lazy_exports
+
+_HOMES = {
+    "Cluster": "cluster", "ClusterResources": "cluster", "NodeResources": "cluster", "current_resources": "cluster",
+    "ClusterConfig": "config",
+    "PlacementError": "placement", "PlacementPlan": "placement", "RankPlacement": "placement",
+    "plan_placement": "placement",
+    "Worker": "worker",
+    "WorkerError": "worker_group", "WorkerGroup": "worker_group",
+}
+"""Public name -> the module of this package that defines it."""
 
 __all__ = [
     "Cluster",
@@ -20,3 +34,13 @@ __all__ = [
     "current_resources",
     "plan_placement",
 ]
+
+if TYPE_CHECKING:
+    from rlinf_cosmos3.cluster.cluster import Cluster, ClusterResources, NodeResources, current_resources
+    from rlinf_cosmos3.cluster.config import ClusterConfig
+    from rlinf_cosmos3.cluster.placement import PlacementError, PlacementPlan, RankPlacement, plan_placement
+    from rlinf_cosmos3.cluster.worker import Worker
+    from rlinf_cosmos3.cluster.worker_group import WorkerError, WorkerGroup
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
