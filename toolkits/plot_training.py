@@ -45,13 +45,12 @@ def joined_scalars(run_dirs: list[Path]) -> dict[str, tuple[list[int], list[floa
     return {tag: (sorted(points), [points[step] for step in sorted(points)]) for tag, points in by_tag.items()}
 
 
-def plot(run_dirs: Path | list[Path], out: Path) -> Path:
+def plot(run_dirs: list[Path], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
     scalars = joined_scalars(run_dirs)
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     for ax, (tag, title, log_y) in zip(axes.flat, PANELS, strict=True):
