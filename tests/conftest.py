@@ -15,6 +15,8 @@ not matter. Shared read-only; a test that needs other files writes them next to 
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,3 +91,14 @@ def recorded_libero_dataset(tmp_path_factory: pytest.TempPathFactory) -> Recorde
     results = record_demos(cfg, show_progress=False)
     return RecordedDataset(root=cfg.out, repo_id=cfg.repo_id, suite=cfg.suite, task_ids=tuple(cfg.task_ids),
                            init_state_ids=tuple(cfg.init_state_ids), fps=cfg.fps, results=tuple(results))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Keep Python's fault handler on through interpreter shutdown (pytest's own turns it off here).
+
+    This process starts and stops Ray, gloo and video encoders in-process; should native code crash
+    while the interpreter finalises, after every test has reported, the run's exit status is the only
+    trace. With the handler on, the crash prints every thread's Python stack to stderr instead."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+

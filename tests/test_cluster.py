@@ -413,9 +413,13 @@ def test_two_nodes_get_one_rank_each(short_tmp: Path) -> None:
 SIGTERM_DRIVER = """
 import sys, time
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig
-with Cluster(ClusterConfig(num_cpus=1, num_gpus=0, object_store_memory_mb=100, temp_dir=sys.argv[1])):
-    print("ready", flush=True)
-    time.sleep(300)
+try:
+    with Cluster(ClusterConfig(num_cpus=1, num_gpus=0, object_store_memory_mb=100, temp_dir=sys.argv[1])):
+        print("ready", flush=True)
+        time.sleep(300)
+finally:
+    time.sleep(4)  # a cleanup slower than the 3 s alarm Ray's C-level SIGTERM handler arms
+    print("cleanup finished", flush=True)
 """
 
 
@@ -423,7 +427,8 @@ def test_sigterm_to_the_driver_stops_the_ray_it_started(short_tmp: Path) -> None
     """``kill`` (or a scheduler's time limit) on a driver must not leave Ray's GCS, raylet or agents behind.
 
     Ray's own driver SIGTERM handler exits through ``sys.exit``, so atexit and ``with`` blocks run and the
-    Cluster stops the Ray it started; this guards that path (a handler of ours must keep chaining to it)."""
+    Cluster stops the Ray it started; this guards that path (a handler of ours must keep chaining to it).
+    The driver's own cleanup takes 4 s: Ray's C-level SIGTERM handler would abort it after 3 s."""
     import psutil
 
     driver = subprocess.Popen([sys.executable, "-c", SIGTERM_DRIVER, str(short_tmp / "ray")], stdout=subprocess.PIPE,
@@ -441,8 +446,10 @@ def test_sigterm_to_the_driver_stops_the_ray_it_started(short_tmp: Path) -> None
         ray_procs = psutil.Process(driver.pid).children(recursive=True)
         assert ray_procs, "a private Ray starts its own processes"
         driver.send_signal(signal.SIGTERM)
+        rest = driver.stdout.read()
         rc = driver.wait(timeout=60)
-        assert rc > 0, f"the driver died of the signal (rc {rc}) instead of exiting through its cleanup"
+        assert rc > 0, f"the driver died of the signal (rc {rc}) instead of exiting through its cleanup: {rest[-2000:]}"
+        assert "cleanup finished" in rest, f"the driver's cleanup was cut short: {rest[-2000:]}"
         gone, alive = psutil.wait_procs(ray_procs, timeout=30)
         assert not alive, "left running after SIGTERM: " + "; ".join(
             f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running())

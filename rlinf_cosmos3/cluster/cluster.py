@@ -12,6 +12,8 @@ import atexit
 import logging
 import os
 import re
+import signal
+import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -102,6 +104,20 @@ def _never_dedup_rank_lines() -> None:
             dedup.allow_re = re.compile(RANK_TAG_PATTERN if old is None else f"{RANK_TAG_PATTERN}|{old}")
 
 
+def _keep_sigterm_in_python() -> None:
+    """Give SIGTERM back to Python's handler after Ray's core worker took it over.
+
+    ``ray.init`` installs a C-level failure handler (absl) for SIGTERM that prints a stack dump,
+    arms a 3 s alarm and then calls Python's handler; the alarm is never cancelled, so a driver
+    whose cleanup (stopping Ray, servers, writers) outlasts 3 s is aborted half-way (SIGABRT,
+    seen on a busy 2-core machine). Re-installing the current Python handler replaces the C-level
+    one for SIGTERM only; crash signals (SIGSEGV, SIGABRT, ...) keep Ray's stack dumps.
+    """
+    current = signal.getsignal(signal.SIGTERM)
+    if current is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, current)
+
+
 LOCAL_START_WAIT_S = 120
 
 
@@ -126,6 +142,7 @@ class Cluster:
             self._connected = True
             if self._owns_ray:
                 atexit.register(self.shutdown)
+            _keep_sigterm_in_python()
         if self.config.log_to_driver:
             _never_dedup_rank_lines()
         how = "started locally" if self._owns_ray else f"joined at {self.config.address or 'existing connection'}"
