@@ -201,6 +201,26 @@ def test_gpus_asked_for_but_absent(inputs) -> None:
              "rollout.rollout_backend=embedded", "rollout.embedded.gpus_per_worker=1")
 
 
+@pytest.mark.parametrize(("urls", "text"), [
+    ("[]", "is empty"),
+    ("[localhost:30000]", "not http://host:port URLs"),
+    ("[http://127.0.0.1]", "not http://host:port URLs"),
+    ("['http://127.0.0.1:30000/v1/actions']", "not http://host:port URLs"),
+    ("[http://127.0.0.1:30000,'http://127.0.0.1:30000/']", "duplicates"),
+])
+def test_bad_server_urls_are_refused_before_anything_starts(inputs, urls, text) -> None:
+    _refused(inputs, "rollout.sglang.server_urls", text, f"rollout.sglang.server_urls={urls}")
+
+
+def test_attaching_to_running_servers_needs_neither_gpus_nor_an_sglang_environment(inputs, tmp_path,
+                                                                                   monkeypatch) -> None:
+    monkeypatch.setenv("RLINF_COSMOS3_SGLANG_PYTHON", str(tmp_path / "python"))
+    cfg = load_eval_config(_raw(inputs, "rollout.sglang.server_urls=[http://10.0.0.5:30000,http://10.0.0.6:30000]",
+                                "rollout.sglang.gpus_per_server=1", "rollout.sglang.num_servers=8"))
+    assert cfg.rollout.sglang.attaches and cfg.rollout.sglang.server_urls == ["http://10.0.0.5:30000",
+                                                                              "http://10.0.0.6:30000"]
+
+
 # ----------------------------------------------------------------------------- ports
 @pytest.mark.parametrize("port", [80, 65500])
 def test_a_base_port_outside_the_user_range_is_refused(inputs, port) -> None:

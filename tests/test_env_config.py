@@ -37,6 +37,40 @@ def test_yaml_section_loads_into_the_schema() -> None:
         load_structured(EnvEvalConfig, {"total_num_env": 3}, root="env.eval")
 
 
+def test_several_suites_each_with_its_own_cap_and_every_episode_once() -> None:
+    yaml = OmegaConf.create({"suites": ["libero_spatial", "libero_object", "libero_10"], "task_ids": [0, 9],
+                             "init_state_ids": [3, 4], "suite_max_episode_steps": {"libero_10": 600}})
+    cfg = load_structured(EnvEvalConfig, yaml, root="env.eval").validate()
+    assert cfg.multi_suite and cfg.suite_label == "libero_spatial+libero_object+libero_10"
+    assert cfg.step_caps() == {"libero_spatial": 220, "libero_object": 280, "libero_10": 600}
+    episodes = cfg.episodes()
+    assert len(episodes) == len(set(episodes)) == cfg.num_episodes == 3 * 2 * 2
+    assert [(e.suite, e.task_id, e.trial_id) for e in episodes[:5]] == [
+        ("libero_spatial", 0, 3), ("libero_spatial", 0, 4), ("libero_spatial", 9, 3), ("libero_spatial", 9, 4),
+        ("libero_object", 0, 3)]
+    with pytest.raises(ValueError, match="name the suite"):
+        cfg.resolved_max_episode_steps()
+    # one suite through `suites` is the same run as through `suite`
+    one = EnvEvalConfig(suites=["libero_goal"], task_ids=[1], trials_per_task=2).validate()
+    assert not one.multi_suite and one.resolved_max_episode_steps() == 300 and one.num_episodes == 2
+    assert EnvEvalConfig(suites=["libero_spatial", "libero_90"]).validate().num_episodes == (10 + 90) * 50
+
+
+@pytest.mark.parametrize(("fields", "field_name", "words"), [
+    ({"suites": []}, "env.eval.suites", "is empty"),
+    ({"suites": ["libero_spatial", "libero_spatial"]}, "env.eval.suites", "duplicates"),
+    ({"suites": ["libero_spatial", "libero_100"]}, "env.eval.suites", "libero_100"),
+    ({"suites": ["libero_spatial", "libero_object"], "task_ids": [12]}, "env.eval.task_ids", "libero_spatial"),
+    ({"suite_max_episode_steps": {"libero_goal": 300}}, "env.eval.suite_max_episode_steps", "libero_goal"),
+    ({"suites": ["libero_spatial", "libero_10"], "suite_max_episode_steps": {"libero_10": 5}},
+     "env.eval.suite_max_episode_steps", "libero_10"),
+])
+def test_bad_suites_are_named_before_any_simulator(fields: dict, field_name: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig(**fields).validate()
+    assert field_name in str(info.value) and words in str(info.value)
+
+
 @pytest.mark.parametrize(("value", "mode"), [
     (True, "all"), (False, "none"), ("all", "all"), ("failures", "failures"), ("None", "none"),
 ])

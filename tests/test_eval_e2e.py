@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -66,30 +67,50 @@ def _run_eval(inputs: dict[str, Path], logs: Path, *extra: str, mark: str | None
     return proc, (runs[-1] if runs else None)
 
 
-def _check_outputs(run_dir: Path, backend_lines: tuple[str, ...], steps: int = 26) -> None:
-    """Each (task, trial) exactly once, run to the cap, and every documented output in place."""
+def _check_outputs(run_dir: Path, backend_lines: tuple[str, ...], steps: int = 26,
+                   suites: tuple[str, ...] = ("libero_spatial",)) -> None:
+    """Each (suite, task, trial) exactly once, run to the cap, and every documented output in place.
+    One suite: task 0, init states 0 and 1; several: task 0, init state 0 of each."""
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert sorted((r["task_id"], r["trial_id"]) for r in results) == [(0, 0), (0, 1)]
+    expected = [(s, 0, i) for s in suites for i in ((0, 1) if len(suites) == 1 else (0,))]
+    assert sorted((r["suite"], r["task_id"], r["trial_id"]) for r in results) == sorted(expected)
     assert all(r["steps"] == steps and r["error"] is None for r in results)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["num_trajectories"] == 2 and summary["step_cap"] == steps and summary["env_steps"] == 2 * steps
+    n = len(expected)
+    assert summary["num_trajectories"] == n and summary["env_steps"] == n * steps
+    assert summary["step_cap"] == (steps if len(suites) == 1 else dict.fromkeys(suites, steps))
+    assert summary["suites"] == list(suites) and summary["suite"] == "+".join(suites)
     assert 0.0 <= summary["success_once"] <= 1.0 and summary["env_steps_per_s"] > 0
-    task = summary["per_task"]["0"]
-    assert task["num_trajectories"] == 2 and task["success_once_ci95"][0] <= task["success_once"] <= task["success_once_ci95"][1]
+    low, high = summary["success_once_ci95"]
+    assert low <= summary["success_once"] <= high
+    for suite in suites:
+        task = summary["per_task"]["0" if len(suites) == 1 else f"{suite}/0"]
+        assert task == summary["per_suite"][suite]["per_task"]["0"]
+        assert task["num_trajectories"] == n // len(suites)
+        assert task["success_once_ci95"][0] <= task["success_once"] <= task["success_once_ci95"][1]
     assert (run_dir / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = (run_dir / "eval_embodiment.log").read_text()
-    milestones = [*backend_lines, "[libero eval] task_id=0, trial_id=0", "summary: success_once="]
+    milestones = [*backend_lines, "[libero eval] task_id=0, trial_id=0", "success rates, Wilson 95 % intervals",
+                  "summary: success_once="]
+    for suite in suites:  # the printed table's line of each suite, with its cap
+        assert re.search(rf"^{suite} +all \(cap {steps} steps\)", log, re.M), log[-3000:]
     positions = [log.find(m) for m in milestones]
     assert all(p >= 0 for p in positions), dict(zip(milestones, positions, strict=True))
     assert positions == sorted(positions), "milestones out of order"
     assert list((run_dir / "tensorboard").iterdir())
 
 
-def test_embedded_backend_is_one_override(eval_inputs, tmp_path) -> None:
+def test_embedded_backend_is_one_override_and_evaluates_two_suites_in_one_run(eval_inputs, tmp_path) -> None:
+    """The embedded backend, and several suites in one run: each suite's episodes on its own scenes,
+    one summary with per-suite rates and the table printed at the end."""
+    suites = ("libero_spatial", "libero_object")
     proc, run_dir = _run_eval(eval_inputs, tmp_path / "logs", "rollout.rollout_backend=embedded",
-                              "env.eval.save_video=false")
+                              "env.eval.save_video=false", f"env.eval.suites=[{','.join(suites)}]",
+                              "env.eval.init_state_ids=[0]")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    _check_outputs(run_dir, ("rollout backend embedded ready",))
+    _check_outputs(run_dir, ("rollout backend embedded ready",), suites=suites)
+    descriptions = {r["suite"]: r["task_description"] for r in map(json.loads, (run_dir / "results.jsonl").open())}
+    assert descriptions["libero_spatial"] != descriptions["libero_object"]  # each suite's own task 0
 
 
 def test_layout_error_names_fields_before_anything_starts(eval_inputs, tmp_path) -> None:

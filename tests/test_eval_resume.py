@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from process_checks import nothing_left_running
 
+from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.config.eval import load_eval_config
 from rlinf_cosmos3.runners.eval_resume import prepare_resume
 from rlinf_cosmos3.tracking.results_file import RESULTS_FILE
@@ -89,13 +90,33 @@ def test_a_torn_last_line_and_an_errored_episode_are_run_again(inputs, tmp_path)
     run = _old_run(inputs, tmp_path, [json.dumps(_row(1, error="simulator crashed")), json.dumps(_row(0))[:-9]])
     cfg = load_eval_config(_raw(inputs, tmp_path / "logs", f"runner.resume_dir={run}"), check_gpus=False)
     state = prepare_resume(cfg)
-    assert state.kept == [] and [tuple(e) for e in state.remaining] == [(0, 0), (0, 1)] and state.rerun_errors == 1
+    assert state.kept == [] and [(e.task_id, e.trial_id) for e in state.remaining] == [(0, 0), (0, 1)] and state.rerun_errors == 1
     assert (run / "results.jsonl").read_text() == ""  # only complete, error-free rows stay
 
     (run / "results.jsonl").write_text(json.dumps(_row(1, success=True)) + "\n")
     state = prepare_resume(cfg)
     assert [(r.trial_id, r.success_once) for r in state.kept] == [(1, True)]
-    assert [tuple(e) for e in state.remaining] == [(0, 0)]
+    assert [(e.task_id, e.trial_id) for e in state.remaining] == [(0, 0)]
+
+
+def test_a_two_suite_run_resumes_the_missing_suites_episodes_only(inputs, tmp_path) -> None:
+    two = ("env.eval.suites=[libero_spatial,libero_object]", "env.eval.init_state_ids=[0]")
+    run = tmp_path / "old_run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(_raw(inputs, tmp_path / "logs", *two)))
+    (run / "results.jsonl").write_text(json.dumps(_row(0, success=True)) + "\n")  # libero_spatial task 0, init 0
+    cfg = load_eval_config(_raw(inputs, tmp_path / "logs", *two, f"runner.resume_dir={run}"), check_gpus=False)
+    state = prepare_resume(cfg)
+    assert [(r.suite, r.task_id, r.trial_id) for r in state.kept] == [("libero_spatial", 0, 0)]
+    assert [(e.suite, e.task_id, e.trial_id) for e in state.remaining] == [("libero_object", 0, 0)]
+
+    (run / "results.jsonl").write_text(json.dumps({**_row(0), "suite": "libero_goal"}) + "\n")
+    with pytest.raises(ConfigError, match="of suite 'libero_goal', not one of this config's"):
+        prepare_resume(cfg)
+    one = load_eval_config(_raw(inputs, tmp_path / "logs", "env.eval.init_state_ids=[0]", f"runner.resume_dir={run}"),
+                           check_gpus=False)
+    with pytest.raises(ConfigError, match=r"env.eval.suites: \['libero_spatial', 'libero_object'\] -> \['libero_spatial'\]"):
+        prepare_resume(one)
 
 
 def test_nothing_missing_rewrites_the_summary_without_ray(inputs, tmp_path) -> None:

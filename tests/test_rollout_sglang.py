@@ -141,6 +141,61 @@ def test_token_length_groups_are_what_the_server_batches(group: SGLangServerGrou
     asyncio.run(go())
 
 
+def test_a_group_attached_to_running_servers_serves_and_leaves_them_running(
+        group: SGLangServerGroup, model_cfg: RolloutModelConfig, adapter: Cosmos3ActionAdapter, tmp_path: Path) -> None:
+    """rollout.sglang.server_urls: the same dispatch over servers started elsewhere; nothing launched or stopped."""
+    owner_pids = [server.pid for server in group.servers]
+    first = group.servers[0].log_path.read_text().splitlines()[0]  # how to start such a server by hand
+    assert first.startswith("# command: ") and " serve " in first and str(model_cfg.model_path) in first, first
+    obs = _obs([SHORT_A, SHORT_B, LONG])
+    attached = SGLangServerGroup(model_cfg, _sglang_cfg(server_urls=group.urls), log_dir=tmp_path)
+    with attached:
+        assert attached.urls == group.urls and not _tagged_processes(attached.tag)  # nothing launched
+        via_attached = asyncio.run(adapter.predict(obs, attached))
+        assert sum(s["served"] for s in attached.stats()) == 2  # two prompt lengths -> two requests
+    assert not (tmp_path / "sglang").exists() or not list((tmp_path / "sglang").iterdir())  # no server logs of ours
+    assert [server.pid for server in group.servers] == owner_pids and all(psutil.pid_exists(p) for p in owner_pids)
+    np.testing.assert_allclose(asyncio.run(adapter.predict(obs, group)), via_attached, atol=1e-5)  # same seed
+
+
+def test_an_attached_server_that_is_down_or_stops_answering_is_an_error_naming_its_url(
+        model_cfg: RolloutModelConfig, adapter: Cosmos3ActionAdapter, tmp_path: Path) -> None:
+    """Fault injection: a health-only HTTP stand-in for a server someone else runs, then stopped."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class HealthOnly(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    stand_in = ThreadingHTTPServer(("127.0.0.1", 0), HealthOnly)
+    url = f"http://127.0.0.1:{stand_in.server_address[1]}"
+    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    thread.start()
+    quick = {"health_timeout_s": 2.0, "http_max_retries": 1, "http_retry_backoff_s": 0.1}
+    group = SGLangServerGroup(model_cfg, _sglang_cfg(server_urls=[url], **quick), log_dir=tmp_path)
+    try:
+        group.start()
+        stand_in.shutdown()
+        stand_in.server_close()
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailableError, match=url):
+            asyncio.run(adapter.predict(_obs([SHORT_A]), group))
+        assert group.stats()[0]["restarts"] == 0 and time.monotonic() - start < 30
+    finally:
+        group.close()
+        stand_in.server_close()
+    down = SGLangServerGroup(model_cfg, _sglang_cfg(server_urls=[url], **quick), log_dir=tmp_path)
+    start = time.monotonic()
+    with pytest.raises(ServerStartError, match=f"{url} .*rollout.sglang.server_urls"):
+        down.start()
+    assert time.monotonic() - start < 30
+
+
 def test_killed_server_is_restarted_and_requests_retried(group: SGLangServerGroup,
                                                          adapter: Cosmos3ActionAdapter) -> None:
     obs = _obs([SHORT_A, SHORT_B, SHORT_A, SHORT_B] * 3, seed=1)

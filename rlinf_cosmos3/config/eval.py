@@ -122,8 +122,12 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
     env.validate(rollout.pipeline_stage_num, root="env.eval")
     env.check_interpreter("env.eval")
     if replay:
-        pairs = [(t, i) for t in env.resolved_task_ids() for i in env.resolved_init_state_ids()]
-        rollout.replay.validate(pairs, env.suite, env.num_settle_steps)
+        require(not env.multi_suite, "env.eval.suites",
+                f"the replay backend answers from one recorded dataset, of one suite; got {env.resolved_suites()}",
+                "replay one suite per run (env.eval.suite=<the dataset's suite>, env.eval.suites=null)")
+        [suite] = env.resolved_suites()
+        pairs = [(t, i) for t in env.resolved_task_ids(suite) for i in env.resolved_init_state_ids()]
+        rollout.replay.validate(pairs, suite, env.num_settle_steps)
         return  # no GPU: nothing is served
     if check_gpus:
         _check_gpus(cfg)
@@ -132,6 +136,8 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
 def _check_gpus(cfg: EvalConfig) -> None:
     rollout = cfg.rollout
     if rollout.rollout_backend == "sglang":
+        if rollout.sglang.attaches:
+            return  # the servers run elsewhere, on their own GPUs
         needed, field_name = rollout.sglang.num_servers * rollout.sglang.gpus_per_server, "rollout.sglang.num_servers"
     else:
         needed, field_name = rollout.embedded.num_workers * rollout.embedded.gpus_per_worker, "rollout.embedded.num_workers"

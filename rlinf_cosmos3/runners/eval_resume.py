@@ -29,7 +29,7 @@ from rlinf_cosmos3.config.base import ConfigError, load_structured
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.tracking.results_file import RESULTS_FILE, read_results
 from rlinf_cosmos3.tracking.run_dir import RunDir, setup_run_logging
-from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes
+from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 
 logger = logging.getLogger("rlinf_cosmos3.eval")
@@ -70,9 +70,12 @@ def episode_settings(cfg: EvalConfig) -> dict[str, Any]:
     """The settings that decide what an episode does and scores (paths resolved); all must match to resume."""
     env = cfg.env.eval
     out: dict[str, Any] = {
-        "env.eval.suite": env.suite, "env.eval.task_ids": env.resolved_task_ids(),
+        "env.eval.suites": env.resolved_suites(),
+        # per suite by name only with several suites: a one-suite refusal then reads "[0] -> [1]"
+        "env.eval.task_ids": {suite: env.resolved_task_ids(suite) for suite in env.resolved_suites()}
+        if env.multi_suite else env.resolved_task_ids(),
         "env.eval.init_state_ids": env.resolved_init_state_ids(),
-        "env.eval.max_episode_steps": env.resolved_max_episode_steps(),
+        "env.eval.max_episode_steps": env.step_caps() if env.multi_suite else env.resolved_max_episode_steps(),
         "env.eval.num_settle_steps": env.num_settle_steps, "env.eval.stop_on_success": env.stop_on_success,
         "env.eval.seed": env.seed, "env.eval.image_size": env.image_size,
         "rollout.rollout_backend": cfg.rollout.rollout_backend,
@@ -101,23 +104,23 @@ def prepare_resume(cfg: EvalConfig) -> ResumeState:
         raise ConfigError(FIELD, f"the resumed run's episodes were defined differently ({diffs})",
                           f"use the settings of {root / CONFIG_FILE}, or leave runner.resume_dir unset for a new run")
     rows = _read_rows(root)
-    episodes = list_episodes(new["env.eval.task_ids"], new["env.eval.init_state_ids"])
+    episodes = cfg.env.eval.episodes()
     wanted = set(episodes)
     kept: list[EpisodeResult] = []
     errors = 0
     for row in rows:
-        episode = Episode(int(row["task_id"]), int(row["trial_id"]))
-        if row.get("suite", cfg.env.eval.suite) != cfg.env.eval.suite or episode not in wanted:
-            raise ConfigError(FIELD, f"{root / RESULTS_FILE} holds episode {tuple(episode)} of suite "
-                              f"{row.get('suite')!r}, not one of this config's", "resume the run directory "
+        episode = Episode(int(row["task_id"]), int(row["trial_id"]), str(row.get("suite", "")))
+        if episode not in wanted:
+            raise ConfigError(FIELD, f"{root / RESULTS_FILE} holds episode (task {episode.task_id}, init state "
+                              f"{episode.trial_id}) of suite {row.get('suite')!r}, not one of this config's", "resume the run directory "
                               "whose config.yaml this is; the results file was edited or copied in")
         if row.get("error") is not None:
             errors += 1
             continue
         kept.append(EpisodeResult(**{k: v for k, v in row.items() if k in _RESULT_FIELDS}))
     _rewrite(root / RESULTS_FILE, [r for r in rows if r.get("error") is None])
-    done = {(r.task_id, r.trial_id) for r in kept}
-    return ResumeState(kept, [e for e in episodes if tuple(e) not in done], errors)
+    done = {Episode(r.task_id, r.trial_id, r.suite) for r in kept}
+    return ResumeState(kept, [e for e in episodes if e not in done], errors)
 
 
 def _read_rows(root: Path) -> list[dict[str, Any]]:

@@ -17,9 +17,7 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,8 @@ from tqdm import tqdm
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.runners.eval_resume import ResumeState
+from rlinf_cosmos3.runners.eval_summary import EvalSummary, caps_text, summarize, video_entry, write_summary
 from rlinf_cosmos3.tracking import ScalarWriter
-from rlinf_cosmos3.tracking.success import success_by_task
-from rlinf_cosmos3.tracking.success_plot import plot_success
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
@@ -41,125 +38,6 @@ from rlinf_cosmos3.workers.rollout.server_process import ServerStartError
 logger = logging.getLogger("rlinf_cosmos3.eval")
 
 SLOT_IDS = "slot_ids"
-
-
-@dataclass
-class EvalSummary:
-    """What ``summary.json`` holds."""
-
-    suite: str
-    num_trajectories: int
-    success_once: float
-    success_at_end: float
-    num_errors: int
-    per_task: dict[int, dict[str, float]]
-    step_cap: int
-    num_settle_steps: int
-    wall_time_s: float
-    env_steps: int
-    env_steps_per_s: float
-    chunk_requests: int
-    steady_time_s: float = 0.0
-    """``wall_time_s`` from the end of the first observation (the first request) on: no env
-    build, reset or first settle, which dominate short runs."""
-    steady_env_steps: int = 0
-    """``env_steps`` less the settle steps run inside the first observation."""
-    steady_env_steps_per_s: float = 0.0
-    inference_wait_s: float = 0.0
-    """Summed over stage loops: time a stage waited for its actions (queueing + serving)."""
-    sim_wait_s: float = 0.0
-    """Summed over stage loops: time a stage waited for its chunk step. With perfect overlap a
-    stage loop's ``inference + sim`` wait fills the wall time and the servers never idle."""
-    save_video: str = "none"
-    videos: list[str] = field(default_factory=list)
-    """The mp4s written (``save_video`` all: every episode, failures: those that did not succeed),
-    in (task, trial) order, as in results.jsonl's ``video`` field."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["per_task"] = {str(k): v for k, v in self.per_task.items()}
-        extra = out.pop("extra")
-        out.update(extra)
-        return out
-
-
-def _task_entry(results: list[EpisodeResult]) -> dict[str, Any]:
-    """One task's rates with their Wilson 95 % intervals (an episode with an error is a failure)."""
-    rows = [r.to_dict() for r in results]
-    entry: dict[str, Any] = {"num_trajectories": len(rows)}
-    for key in ("success_once", "success_at_end"):
-        [rate] = success_by_task(rows, key).values()
-        entry[key], entry[f"{key}_ci95"] = rate.rate, list(rate.ci95)
-    return entry
-
-
-def video_entry(result: EpisodeResult, run_dir: Path | None) -> str | None:
-    """results.jsonl's ``video``: the episode's mp4 relative to the run directory (absolute when
-    ``env.eval.video_dir`` lies outside it), None when no video was written for it."""
-    if result.video_path is None:
-        return None
-    path = Path(result.video_path).resolve()
-    if run_dir is not None and path.is_relative_to(root := Path(run_dir).resolve()):
-        return str(path.relative_to(root))
-    return str(path)
-
-
-def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> Path | None:
-    """``success.png`` of the run (per-task success_once with intervals); a failure to draw is logged,
-    never raised: results.jsonl and summary.json are already written."""
-    words = {r.task_id: r.task_description for r in results}
-    rates = {f"task {t}" + (f": {words[t][:42]}{'...' if len(words[t]) > 42 else ''}" if words[t] else ""): rate
-             for t, rate in success_by_task([r.to_dict() for r in results]).items()}
-    try:
-        return plot_success(rates, path, title)
-    except (OSError, ValueError, RuntimeError) as err:
-        logger.warning("could not draw %s (%s); the numbers are in summary.json", path, err)
-        return None
-
-
-def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float, chunk_requests: int,
-              steady_time_s: float = 0.0, first_settle_steps: int = 0,
-              waits: tuple[float, float] = (0.0, 0.0), run_dir: Path | None = None) -> EvalSummary:
-    """Success rates overall and per task (episodes with an error count as failures);
-    ``first_settle_steps``: settle steps run inside the first observation (left out of the steady rate);
-    ``waits``: (inference, sim) wait summed over stage loops; ``run_dir``: the video paths are
-    listed relative to it."""
-    env = cfg.env.eval
-    n = len(results)
-    per_task: dict[int, list[EpisodeResult]] = defaultdict(list)
-    for r in results:
-        per_task[r.task_id].append(r)
-    steps = sum(r.steps for r in results)
-    return EvalSummary(
-        suite=env.suite,
-        num_trajectories=n,
-        success_once=sum(r.success_once for r in results) / n if n else 0.0,
-        success_at_end=sum(r.success_at_end for r in results) / n if n else 0.0,
-        num_errors=sum(r.error is not None for r in results),
-        per_task={t: _task_entry(rs) for t, rs in sorted(per_task.items())},
-        step_cap=env.resolved_max_episode_steps(),
-        num_settle_steps=env.num_settle_steps,
-        wall_time_s=wall_time_s,
-        env_steps=steps,
-        env_steps_per_s=steps / wall_time_s if wall_time_s > 0 else 0.0,
-        chunk_requests=chunk_requests,
-        steady_time_s=steady_time_s,
-        steady_env_steps=steps - first_settle_steps,
-        steady_env_steps_per_s=(steps - first_settle_steps) / steady_time_s if steady_time_s > 0 else 0.0,
-        inference_wait_s=waits[0],
-        sim_wait_s=waits[1],
-        save_video=env.save_video,
-        videos=[v for r in sorted(results, key=lambda r: (r.task_id, r.trial_id))
-                if (v := video_entry(r, run_dir)) is not None],
-    )
-
-
-def write_summary(summary: EvalSummary, results: list[EpisodeResult], run_dir: Path) -> None:
-    """summary.json and success.png of all ``results`` (a resumed run: the kept rows too)."""
-    (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    write_success_plot(results, run_dir / "success.png",
-                       f"{summary.suite}: success_once, cap {summary.step_cap} steps, {summary.num_trajectories} episodes")
 
 
 class PipelinedEvalRunner:
@@ -272,7 +150,8 @@ class PipelinedEvalRunner:
     def _record(self, results: list[EpisodeResult]) -> None:
         for result in results:
             self.results.append(result)
-            logger.info(episode_log_line(result))
+            line = episode_log_line(result)
+            logger.info(f"{line}, suite={result.suite}" if self.cfg.env.eval.multi_suite else line)
             row = {**result.to_dict(), "video": video_entry(result, self.run_dir)}
             self._results_file.write(json.dumps(row) + "\n")
             self._results_file.flush()  # on disk as each episode ends: a killed eval loses only those in flight
@@ -320,10 +199,12 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
         logger.error("invalid config: %s", err)
         return 2
     env = cfg.env.eval
-    logger.info("evaluating %s: %d tasks x %d init states = %d episodes, cap %d steps (incl. %d settle), "
+    tasks = sum(len(env.resolved_task_ids(s)) for s in env.resolved_suites())
+    logger.info("evaluating %s: %d tasks x %d init states = %d episodes, cap %s steps (incl. %d settle), "
                 "%d envs = %d worker(s) x %d stage(s) x %d, backend %s",
-                env.suite, len(env.resolved_task_ids()), len(env.resolved_init_state_ids()), env.num_episodes,
-                env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
+                env.suite_label, tasks, len(env.resolved_init_state_ids()), env.num_episodes,
+                ", ".join(f"{s} {c}" for s, c in env.step_caps().items()) if env.multi_suite
+                else env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
                 cfg.rollout.pipeline_stage_num, env.envs_per_stage(cfg.rollout.pipeline_stage_num),
                 cfg.rollout.rollout_backend)
     if resume is not None:
@@ -341,10 +222,10 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
             logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
             return 1
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
-                "(%s, cap %d steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
+                "(%s, cap %s steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
                 "%.1f s on simulation",
                 summary.success_once, summary.success_at_end, summary.num_trajectories, summary.num_errors,
-                summary.suite, summary.step_cap, summary.wall_time_s, summary.env_steps_per_s,
+                summary.suite, caps_text(summary.step_cap), summary.wall_time_s, summary.env_steps_per_s,
                 summary.inference_wait_s, summary.sim_wait_s)
     logger.info("results: %s | summary: %s | picture: %s | TensorBoard: tensorboard --logdir %s%s",
                 run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.root / "success.png",

@@ -8,7 +8,7 @@ always reported together with its cap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import require
@@ -19,6 +19,7 @@ from rlinf_cosmos3.sim.libero_suites import (  # re-exported: the eval config's 
     SUITE_MAX_STEPS,
     SUITE_NUM_TASKS,
 )
+from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes
 
 # LIBERO controls the robot at 20 Hz; videos play in real time at this rate.
 CONTROL_FPS = 20
@@ -44,8 +45,11 @@ class EnvEvalConfig:
     """``env.eval``: suite, episodes, env layout, episode budget, videos and simulator timeouts."""
 
     suite: str = "libero_spatial"
+    suites: list[str] | None = None
+    """Several suites in one run (e.g. ``[libero_spatial, libero_object, libero_goal, libero_10]``),
+    each with its own step cap; overrides ``suite``. None: ``suite`` alone."""
     task_ids: list[int] | None = None
-    """Tasks to evaluate; None = every task of the suite."""
+    """Tasks to evaluate, in every suite; None = every task of each suite."""
     trials_per_task: int = NUM_INIT_STATES
     """Episodes per task, one per LIBERO fixed init state ``0..trials_per_task-1`` (trial id = init state id)."""
     init_state_ids: list[int] | None = None
@@ -57,7 +61,10 @@ class EnvEvalConfig:
     num_workers: int = 1
     """``W``: env worker actors; each holds ``pipeline_stage_num`` groups of ``E/(W*S)`` envs."""
     max_episode_steps: int | None = None
-    """Step cap including the settle steps; None = the suite's cosmos-framework default."""
+    """Step cap including the settle steps, for every suite; None = each suite's cosmos-framework
+    default (``suite_max_episode_steps`` overrides it per suite)."""
+    suite_max_episode_steps: dict[str, int] = field(default_factory=dict)
+    """Per-suite step caps (``{libero_10: 600}``), over ``max_episode_steps`` and the defaults."""
     num_settle_steps: int = NUM_SETTLE_STEPS
     """No-op steps (``[0,0,0,0,0,0,-1]``) after each reset so objects settle; not policy steps."""
     stop_on_success: bool = True
@@ -95,20 +102,53 @@ class EnvEvalConfig:
         """Whether a completed episode's recorded video is written (else it is discarded)."""
         return self.save_video == "all" or (self.save_video == "failures" and not success_once)
 
-    def resolved_max_episode_steps(self) -> int:
-        return self.max_episode_steps if self.max_episode_steps is not None else SUITE_MAX_STEPS[self.suite]
+    def resolved_suites(self) -> list[str]:
+        """The suites of the run, in order: ``suites``, else ``[suite]``."""
+        return list(self.suites) if self.suites else [self.suite]
 
-    def resolved_task_ids(self) -> list[int]:
-        return list(self.task_ids) if self.task_ids is not None else list(range(SUITE_NUM_TASKS[self.suite]))
+    @property
+    def multi_suite(self) -> bool:
+        return len(self.resolved_suites()) > 1
+
+    @property
+    def suite_label(self) -> str:
+        """The run's suites for logs and titles: ``libero_spatial`` or ``libero_spatial+libero_object``."""
+        return "+".join(self.resolved_suites())
+
+    def resolved_max_episode_steps(self, suite: str | None = None) -> int:
+        """The step cap of ``suite`` (None: the run's only suite)."""
+        if suite is None:
+            suites = self.resolved_suites()
+            if len(suites) > 1:
+                raise ValueError(f"several suites {suites} have a cap each; name the suite")
+            suite = suites[0]
+        if suite in self.suite_max_episode_steps:
+            return int(self.suite_max_episode_steps[suite])
+        return self.max_episode_steps if self.max_episode_steps is not None else SUITE_MAX_STEPS[suite]
+
+    def step_caps(self) -> dict[str, int]:
+        """Each suite's step cap, in suite order."""
+        return {suite: self.resolved_max_episode_steps(suite) for suite in self.resolved_suites()}
+
+    def resolved_task_ids(self, suite: str | None = None) -> list[int]:
+        """``task_ids``, else every task of ``suite`` (None: the run's first suite)."""
+        if self.task_ids is not None:
+            return list(self.task_ids)
+        return list(range(SUITE_NUM_TASKS[suite or self.resolved_suites()[0]]))
 
     def resolved_init_state_ids(self) -> list[int]:
         if self.init_state_ids is not None:
             return [int(i) for i in self.init_state_ids]
         return list(range(self.trials_per_task))
 
+    def episodes(self) -> list[Episode]:
+        """Every episode of the run, suite-major, then task-major (each exactly once)."""
+        return [episode for suite in self.resolved_suites()
+                for episode in list_episodes(self.resolved_task_ids(suite), self.resolved_init_state_ids(), suite)]
+
     @property
     def num_episodes(self) -> int:
-        return len(self.resolved_task_ids()) * len(self.resolved_init_state_ids())
+        return sum(len(self.resolved_task_ids(s)) for s in self.resolved_suites()) * len(self.resolved_init_state_ids())
 
     @property
     def interpreter(self) -> Path:
@@ -124,15 +164,26 @@ class EnvEvalConfig:
         """Check every field (and ``E % (W*S) == 0``) before any simulator starts."""
         require(self.suite in SUITE_MAX_STEPS, f"{root}.suite", f"unknown LIBERO suite {self.suite!r}",
                 f"use one of {sorted(SUITE_MAX_STEPS)}")
-        num_tasks = SUITE_NUM_TASKS[self.suite]
+        if self.suites is not None:
+            suites = list(self.suites)
+            require(len(suites) > 0, f"{root}.suites", "is empty", f"leave it null to evaluate {root}.suite alone")
+            require(len(set(suites)) == len(suites), f"{root}.suites", f"has duplicates: {suites}",
+                    "list each suite once (each episode is evaluated exactly once)")
+            bad = [s for s in suites if s not in SUITE_MAX_STEPS]
+            require(not bad, f"{root}.suites", f"unknown LIBERO suite(s) {bad}", f"use some of {sorted(SUITE_MAX_STEPS)}")
+        extra = sorted(set(self.suite_max_episode_steps) - set(self.resolved_suites()))
+        require(not extra, f"{root}.suite_max_episode_steps", f"names suite(s) {extra} this run does not evaluate",
+                f"key it by the evaluated suites {self.resolved_suites()}")
         if self.task_ids is not None:
             ids = list(self.task_ids)
             require(len(ids) > 0, f"{root}.task_ids", "is empty", "leave it null to evaluate every task")
             require(len(set(ids)) == len(ids), f"{root}.task_ids", f"has duplicates: {ids}",
                     "list each task once (each (task, init state) is evaluated exactly once)")
-            bad = [t for t in ids if not 0 <= int(t) < num_tasks]
-            require(not bad, f"{root}.task_ids", f"{bad} out of range for {self.suite} ({num_tasks} tasks)",
-                    f"use ids in 0..{num_tasks - 1}")
+            for suite in self.resolved_suites():
+                num_tasks = SUITE_NUM_TASKS[suite]
+                bad = [t for t in ids if not 0 <= int(t) < num_tasks]
+                require(not bad, f"{root}.task_ids", f"{bad} out of range for {suite} ({num_tasks} tasks)",
+                        f"use ids in 0..{num_tasks - 1}")
         require(1 <= self.trials_per_task <= NUM_INIT_STATES, f"{root}.trials_per_task",
                 f"must be in 1..{NUM_INIT_STATES} (LIBERO's fixed init states per task), got {self.trials_per_task}")
         if self.init_state_ids is not None:
@@ -151,10 +202,12 @@ class EnvEvalConfig:
                 f"x {stage_field}={pipeline_stage_num} env groups",
                 f"make {root}.total_num_envs a multiple of {groups}")
         require(self.num_settle_steps >= 0, f"{root}.num_settle_steps", f"must be >= 0, got {self.num_settle_steps}")
-        cap = self.resolved_max_episode_steps()
-        require(cap > self.num_settle_steps, f"{root}.max_episode_steps",
-                f"cap {cap} leaves no policy step after {self.num_settle_steps} settle steps "
-                "(the cap counts the settle steps)", f"set it above {self.num_settle_steps}")
+        for suite, cap in self.step_caps().items():
+            where = f"{root}.suite_max_episode_steps" if suite in self.suite_max_episode_steps \
+                else f"{root}.max_episode_steps"
+            require(cap > self.num_settle_steps, where,
+                    f"cap {cap} of {suite} leaves no policy step after {self.num_settle_steps} settle steps "
+                    "(the cap counts the settle steps)", f"set it above {self.num_settle_steps}")
         require(self.image_size >= 16, f"{root}.image_size", f"must be >= 16, got {self.image_size}")
         self.save_video = normalize_video_mode(self.save_video)
         require(self.save_video in VIDEO_MODES, f"{root}.save_video",

@@ -1,4 +1,4 @@
-"""Which (task, init state) episodes exist and which env slot runs each of them; pure functions.
+"""Which (suite, task, init state) episodes exist and which env slot runs each of them; pure functions.
 
 Every episode is assigned to exactly one slot, so it is evaluated exactly once however ``E`` relates
 to the episode count. Episodes are listed task-major and dealt round-robin: slot ``g`` runs episodes
@@ -22,10 +22,12 @@ from typing import NamedTuple
 
 
 class Episode(NamedTuple):
-    """One evaluation episode: a task and a LIBERO fixed init state (``trial_id`` = init state id)."""
+    """One evaluation episode: a task and a LIBERO fixed init state (``trial_id`` = init state id) of a suite."""
 
     task_id: int
     trial_id: int
+    suite: str = ""
+    """The LIBERO suite; "" only in the pure layout functions, which do not care."""
 
 
 class SlotAddress(NamedTuple):
@@ -36,8 +38,8 @@ class SlotAddress(NamedTuple):
     index: int
 
 
-def list_episodes(task_ids: Sequence[int], init_states: int | Sequence[int]) -> list[Episode]:
-    """Every (task, init state) pair, task-major, in a fixed order.
+def list_episodes(task_ids: Sequence[int], init_states: int | Sequence[int], suite: str = "") -> list[Episode]:
+    """Every (task, init state) pair of ``suite``, task-major, in a fixed order.
 
     ``init_states``: a count N (the init states ``0..N-1``) or the init state ids themselves.
     """
@@ -50,7 +52,7 @@ def list_episodes(task_ids: Sequence[int], init_states: int | Sequence[int]) -> 
         raise ValueError(f"init state ids must be distinct and non-empty, got {ids}")
     if len(set(task_ids)) != len(task_ids):
         raise ValueError(f"duplicate task ids: {list(task_ids)}")
-    return [Episode(int(t), i) for t in task_ids for i in ids]
+    return [Episode(int(t), i, suite) for t in task_ids for i in ids]
 
 
 def assign_episodes(episodes: Sequence[Episode], num_slots: int) -> list[list[Episode]]:

@@ -34,7 +34,7 @@ import numpy as np
 from rlinf_cosmos3.cluster import Worker, WorkerGroup
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes, worker_plan
+from rlinf_cosmos3.workers.env.episodes import Episode, worker_plan
 from rlinf_cosmos3.workers.env.slot import EnvSlot, describe
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 
@@ -59,7 +59,7 @@ class LiberoEnvWorker(Worker):
                              f"has {self.world_size} ranks (fix: start one LiberoEnvWorker rank per env worker)")
         self.num_stages = pipeline_stage_num
         if episodes is None:
-            episodes = list_episodes(cfg.resolved_task_ids(), cfg.resolved_init_state_ids())
+            episodes = cfg.episodes()
         episodes = [Episode(*e) for e in episodes]
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
         self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)
@@ -70,9 +70,11 @@ class LiberoEnvWorker(Worker):
         self._failure: str | None = None
         self._closed = False
         assigned = sum(len(eps) for stage in plan for _, eps in stage)
-        self.logger.info("%s: %d of %d episodes on %d stage(s) x %d env(s), cap %d steps (%d settle)",
-                         cfg.suite, assigned, len(episodes), pipeline_stage_num,
-                         cfg.envs_per_stage(pipeline_stage_num), cfg.resolved_max_episode_steps(),
+        self.logger.info("%s: %d of %d episodes on %d stage(s) x %d env(s), cap %s steps (%d settle)",
+                         cfg.suite_label, assigned, len(episodes), pipeline_stage_num,
+                         cfg.envs_per_stage(pipeline_stage_num),
+                         ", ".join(f"{s} {c}" for s, c in cfg.step_caps().items()) if cfg.multi_suite
+                         else cfg.resolved_max_episode_steps(),
                          cfg.num_settle_steps)
 
     # ------------------------------------------------------------------ guard

@@ -58,7 +58,7 @@ class EnvSlot:
     def __init__(self, slot_id: int, episodes: Sequence[Episode], cfg: EnvEvalConfig) -> None:
         self.slot_id = slot_id
         self.cfg = cfg
-        self.cap = cfg.resolved_max_episode_steps()
+        self.cap = 0  # the current episode's suite's step cap (set with the episode)
         self.max_attempts = 1 + cfg.max_episode_retries
         self.num_assigned = len(episodes)
         self.num_reported = 0
@@ -74,8 +74,9 @@ class EnvSlot:
         self.steps = 0
         self.success_once = False
         self.success_at_end = False
-        self._queue = deque(episodes)
-        self._built_task: int | None = None
+        # An episode that names no suite (the pure layout functions' default) is of the run's first suite.
+        self._queue = deque(e if e.suite else e._replace(suite=cfg.resolved_suites()[0]) for e in episodes)
+        self._built_task: tuple[str, int] | None = None  # (suite, task) of the env the process holds
         self._in_flight: str | None = None
         self._pending: np.ndarray = np.zeros((0, ACTION_DIM))
         self._video: EpisodeVideoWriter | None = None
@@ -175,10 +176,10 @@ class EnvSlot:
         self.ensure_process()
         assert self.proc is not None and self.episode is not None
         if self.phase is Phase.START:
-            if self._built_task != self.episode.task_id:
-                cap = self.cfg.image_size
-                self.proc.send("make", suite=self.cfg.suite, task_id=self.episode.task_id, camera_height=cap,
-                               camera_width=cap, seed=self.cfg.seed, horizon=max(MIN_SIM_HORIZON, self.cap + 1),
+            if self._built_task != (self.episode.suite, self.episode.task_id):
+                size = self.cfg.image_size
+                self.proc.send("make", suite=self.episode.suite, task_id=self.episode.task_id, camera_height=size,
+                               camera_width=size, seed=self.cfg.seed, horizon=max(MIN_SIM_HORIZON, self.cap + 1),
                                hard_reset=True)
                 self._in_flight = "make"
             else:
@@ -211,7 +212,7 @@ class EnvSlot:
         cmd, self._in_flight = self._in_flight, None
         assert self.episode is not None
         if cmd == "make":
-            self._built_task = self.episode.task_id
+            self._built_task = (self.episode.suite, self.episode.task_id)
             self.num_makes += 1
             self.prompt = prompt_from_make_reply(reply)
             return None  # still START: the reset follows
@@ -245,7 +246,7 @@ class EnvSlot:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         assert self.episode is not None
         logger.warning("slot %d: %s on %s task %d trial %d (attempt %d/%d): %s", self.slot_id, type(exc).__name__,
-                       self.cfg.suite, self.episode.task_id, self.episode.trial_id, self.attempts, self.max_attempts,
+                       self.episode.suite, self.episode.task_id, self.episode.trial_id, self.attempts, self.max_attempts,
                        first_line)
         self.kill()
         if self.attempts >= self.max_attempts:
@@ -268,7 +269,7 @@ class EnvSlot:
     def _video_path(self, outcome: str) -> Path:
         assert self.episode is not None and self.cfg.video_dir is not None
         name = f"task{self.episode.task_id:02d}_trial{self.episode.trial_id:02d}_{outcome}.mp4"
-        return Path(self.cfg.video_dir) / self.cfg.suite / name
+        return Path(self.cfg.video_dir) / self.episode.suite / name
 
     def _discard_video(self) -> None:
         if self._video is not None:
@@ -287,6 +288,7 @@ class EnvSlot:
     def _next_episode(self) -> None:
         if self._queue:
             self.episode = self._queue.popleft()
+            self.cap = self.cfg.resolved_max_episode_steps(self.episode.suite)
             self.attempts = 0
             self._begin_attempt()
             return
@@ -307,7 +309,7 @@ class EnvSlot:
             self._video = None
         self._discard_video()
         result = EpisodeResult(
-            suite=self.cfg.suite, task_id=self.episode.task_id, trial_id=self.episode.trial_id,
+            suite=self.episode.suite, task_id=self.episode.task_id, trial_id=self.episode.trial_id,
             success_once=self.success_once if error is None else False,
             success_at_end=self.success_at_end if error is None else False,
             steps=self.steps if error is None else 0, video_path=video_path, error=error,

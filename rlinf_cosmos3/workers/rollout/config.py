@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
 from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, GRIPPER_CONVENTIONS, gripper_range_problem
@@ -259,6 +260,17 @@ class RolloutModelConfig:
         return Path(self.model_path) / "text_tokenizer"
 
 
+def _is_server_url(url: str) -> bool:
+    """``http(s)://host:port`` with nothing after the port but an optional ``/``."""
+    parts = urlsplit(str(url))
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and port is not None \
+        and parts.path in ("", "/") and not parts.query
+
+
 @dataclass
 class SGLangConfig:
     """``rollout.sglang``: how many ``sglang serve`` processes, where, and how the client talks to them."""
@@ -297,8 +309,27 @@ class SGLangConfig:
     """Interpreter of the SGLang environment; None: ``rlinf_cosmos3.paths.sglang_python()``."""
     launch_via_ray: bool = False
     """Start each server from a Ray actor on its GPU node (multi-node) instead of a local subprocess."""
+    server_urls: list[str] | None = None
+    """Attach to SGLang servers that are already running (``[http://host:port, ...]``) instead of
+    launching any: each is health-checked at start, never launched, restarted or stopped by this run,
+    and one that stops answering is an error naming its URL. ``num_servers``, the GPU, port and launch
+    fields are then unused; ``rollout.model.model_path`` must be the directory the servers serve (its
+    training identity is what the eval's settings are checked against)."""
+
+    @property
+    def attaches(self) -> bool:
+        """True when the run uses servers it did not start (``server_urls``)."""
+        return bool(self.server_urls)
 
     def validate(self, root: str = "rollout.sglang") -> SGLangConfig:
+        if self.server_urls is not None:
+            urls = list(self.server_urls)
+            require(len(urls) > 0, f"{root}.server_urls", "is empty", "leave it null to launch servers")
+            bad = [u for u in urls if not _is_server_url(u)]
+            require(not bad, f"{root}.server_urls", f"{bad} are not http://host:port URLs",
+                    "give each server's base URL, e.g. http://10.0.0.5:30000")
+            require(len({u.rstrip('/') for u in urls}) == len(urls), f"{root}.server_urls", f"has duplicates: {urls}",
+                    "list each server once")
         require(self.num_servers >= 1, f"{root}.num_servers", f"must be >= 1, got {self.num_servers}")
         require(self.gpus_per_server >= 0, f"{root}.gpus_per_server", f"must be >= 0, got {self.gpus_per_server}",
                 "use 0 for CPU servers")
@@ -325,6 +356,8 @@ class SGLangConfig:
                 f"unknown format '{self.response_format}'", f"use one of {list(RESPONSE_FORMATS)}")
         require(self.encoding in ENCODINGS, f"{root}.encoding", f"unknown encoding '{self.encoding}'",
                 f"use one of {list(ENCODINGS)}")
+        if self.attaches:
+            return self  # nothing is launched: no SGLang environment needed here
         python = self.interpreter
         require(python.is_file(), f"{root}.python", f"SGLang interpreter not found at '{python}'",
                 "run requirements/install.sh or point rollout.sglang.python at the SGLang environment's python")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -135,6 +136,9 @@ class SGLangServerProcess:
                     self.ports.scheduler, self.ports.master, devices, self.log_path)
         logger.debug("command: %s", " ".join(cmd))
         with self.log_path.open("ab") as log:
+            # The exact command first: to start such a server by hand (e.g. for rollout.sglang.server_urls).
+            log.write(f"# command: {shlex.join(cmd)}\n".encode())
+            log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self._env(), cwd=log_dir, start_new_session=True)
 

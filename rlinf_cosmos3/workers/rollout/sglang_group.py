@@ -14,6 +14,8 @@ SIGTERM/SIGINT, and on a failed start) stops every server's whole process group.
 
 On one node servers are local subprocesses. With ``launch_via_ray`` each one is launched by an
 :class:`~rlinf_cosmos3.workers.rollout.server_host.SGLangServerHost` actor on a GPU node instead.
+With ``server_urls`` the group launches nothing and attaches to servers started elsewhere
+(:mod:`~rlinf_cosmos3.workers.rollout.attached_server`): the same dispatch, no restart, no stop.
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class SGLangServerGroup(RolloutBackend):
         )
 
     def _make_servers(self) -> list[ServerHandle]:
+        if self.cfg.attaches:
+            from rlinf_cosmos3.workers.rollout.attached_server import AttachedServer
+
+            return [AttachedServer(url, rank) for rank, url in enumerate(self.cfg.server_urls or [])]
         if not self.cfg.launch_via_ray:
             return [SGLangServerProcess(self._spec(rank), rank) for rank in range(self.cfg.num_servers)]
         from rlinf_cosmos3.cluster import WorkerGroup
@@ -160,9 +166,11 @@ class SGLangServerGroup(RolloutBackend):
         def alive() -> bool:
             return server.pid == pid and server.alive()
 
+        # A server we attached to has no process to watch: it never counts as died (no restart), and
+        # one that stops answering raises ServerUnavailableError naming its URL after the retries.
         return ActionHTTPClient(server.url, timeout_s=cfg.http_timeout_s, max_retries=cfg.http_max_retries,
                                 backoff_s=cfg.http_retry_backoff_s, backoff_max_s=cfg.http_retry_backoff_max_s,
-                                encoding=cfg.encoding, alive=alive)
+                                encoding=cfg.encoding, alive=None if cfg.attaches else alive)
 
     def start(self) -> None:
         """Launch all servers and wait until every one is healthy (sync; see :meth:`astart`).
@@ -192,8 +200,8 @@ class SGLangServerGroup(RolloutBackend):
             await asyncio.gather(*(self._until_healthy(server) for server in self._servers))
             self._slots = [_Slot(server, self._client(server)) for server in self._servers]
             for server in self._servers:
-                logger.info("sglang server assigned: rank=%d -> %s (%d server(s))", server.rank, server.url,
-                            len(self._servers))
+                logger.info("sglang server assigned: rank=%d -> %s (%d server(s)%s)", server.rank, server.url,
+                            len(self._servers), ", attached: not ours to restart or stop" if self.cfg.attaches else "")
         except BaseException:
             self.close()
             raise
@@ -230,7 +238,8 @@ class SGLangServerGroup(RolloutBackend):
             hosts, self._hosts = self._hosts, None
             hosts.shutdown()
         if servers:
-            logger.info("SGLangServerGroup: %d server(s) stopped", len(servers))
+            logger.info("SGLangServerGroup: %d server(s) %s", len(servers),
+                        "detached (left running: started elsewhere)" if self.cfg.attaches else "stopped")
 
     # ------------------------------------------------------------------ dispatch
 
