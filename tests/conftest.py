@@ -33,7 +33,7 @@ class RecordedDataset:
     task_ids: tuple[int, ...]
     init_state_ids: tuple[int, ...]
     fps: int
-    results: tuple  # rlinf_cosmos3.demos.recorder.EpisodeResult, one per attempted episode
+    results: tuple  # rlinf_cosmos3.demos.recorder.RecordedEpisodeResult, one per attempted episode
 
 
 @pytest.fixture(scope="session")

@@ -292,14 +292,14 @@ def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path) -> 
 
     from rlinf_cosmos3.actions import read_lerobot_episode_actions
     from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
-    from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+    from rlinf_cosmos3.demos.scripted_policy import ScriptedPolicyConfig
 
     noise = 0.2
     recorded = {}
     for mode in ("executed", "clean"):
         cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0], out=tmp_path / mode,
                            repo_id=f"local/{mode}", max_steps=20, keep_failed=True, camera_storage="image",
-                           policy=PolicyConfig(noise_std=noise), recorded_action=mode)
+                           policy=ScriptedPolicyConfig(noise_std=noise), recorded_action=mode)
         record_demos(cfg, show_progress=False)
         states = pq.read_table(sorted((cfg.out / "data").rglob("*.parquet")), columns=[STATE_KEY, "index"])
         recorded[mode] = (np.stack(states.sort_by("index").column(STATE_KEY).to_pylist()),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE
-from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+from rlinf_cosmos3.demos.scripted_policy import ScriptedPolicyConfig
 from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, suite_max_steps
 
 RECORDED_ACTIONS = ("executed", "clean")
@@ -33,7 +33,7 @@ class RecordConfig:
     image_size: int = IMAGE_SIZE
     fps: int = FPS
     camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: ScriptedPolicyConfig = field(default_factory=ScriptedPolicyConfig)
     recorded_action: str = "executed"  # one of RECORDED_ACTIONS
 
     def resolved_max_steps(self) -> int:

@@ -35,7 +35,7 @@ CAMERA_STORAGES = ("video", "image")
 
 
 @dataclass
-class EpisodeResult:
+class RecordedEpisodeResult:
     """One attempted episode, kept in the dataset or not."""
 
     task_id: int
@@ -65,7 +65,7 @@ class _Episode:
     started: float = field(default_factory=time.monotonic)
 
 
-class _Slot:
+class _RecorderSlot:
     """One simulator process and the episode it is running."""
 
     def __init__(self, proc: LiberoSimProcess) -> None:
@@ -87,12 +87,12 @@ class DemoRecorder:
         self.cfg = cfg
         self.writer = writer
         self.max_steps = cfg.resolved_max_steps()
-        self.results: list[EpisodeResult] = []
+        self.results: list[RecordedEpisodeResult] = []
         self.unsupported: dict[int, str] = {}  # task id -> why the scripted policy cannot do it
         self.task_text: dict[int, str] = {}  # task id -> LIBERO's language instruction
 
     # ------------------------------------------------------------------ per-slot requests
-    def _next_request(self, slot: _Slot) -> None:
+    def _next_request(self, slot: _RecorderSlot) -> None:
         """Send the request that moves ``slot``'s episode forward."""
         ep = slot.episode
         assert ep is not None
@@ -112,7 +112,7 @@ class DemoRecorder:
             ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], label))
             slot.proc.send("step", {"action": command}, privileged=True)
 
-    def _on_reply(self, slot: _Slot, reply: Reply) -> bool:
+    def _on_reply(self, slot: _RecorderSlot, reply: Reply) -> bool:
         """Advance ``slot``'s episode with ``reply``; True when the episode has ended."""
         ep = slot.episode
         assert ep is not None
@@ -139,19 +139,19 @@ class DemoRecorder:
         assert ep.policy is not None
         return ep.policy.done or len(ep.frames) >= self.max_steps or bool(reply["done"])
 
-    def _start(self, slot: _Slot, job: tuple[int, int]) -> None:
+    def _start(self, slot: _RecorderSlot, job: tuple[int, int]) -> None:
         task_id, init_id = job
         slot.episode = _Episode(task_id=task_id, init_state_id=init_id)
         if slot.task_id == task_id:
             slot.episode.task, slot.episode.stage = slot.task, "reset"
 
-    def _skip(self, ep: _Episode) -> EpisodeResult:
+    def _skip(self, ep: _Episode) -> RecordedEpisodeResult:
         logger.warning("%s task %d init %d: skipped, %s", self.cfg.suite, ep.task_id, ep.init_state_id, ep.skipped)
-        return EpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task, success=False,
+        return RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task, success=False,
                              success_once=False, num_steps=0, seconds=time.monotonic() - ep.started, regrasps=0,
                              episode_index=None, skipped=ep.skipped)
 
-    def _finish(self, ep: _Episode) -> EpisodeResult:
+    def _finish(self, ep: _Episode) -> RecordedEpisodeResult:
         """Write (or drop) a finished episode and log one line about it."""
         if ep.skipped is not None:
             return self._skip(ep)
@@ -164,7 +164,7 @@ class DemoRecorder:
                 success=ep.success, success_once=ep.success_once, suite=self.cfg.suite,
                 task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps))
         assert ep.policy is not None
-        result = EpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
+        result = RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
                                success=ep.success, success_once=ep.success_once, num_steps=len(ep.frames),
                                seconds=time.monotonic() - ep.started, regrasps=ep.policy.regrasps,
                                episode_index=index)
@@ -175,10 +175,10 @@ class DemoRecorder:
         return result
 
     # ------------------------------------------------------------------ main loop
-    def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[EpisodeResult]:
+    def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[RecordedEpisodeResult]:
         """Record every job on ``procs`` (lockstep); ``progress`` is an optional tqdm bar."""
         jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids)[::-1]
-        slots = [_Slot(p) for p in procs]
+        slots = [_RecorderSlot(p) for p in procs]
         while True:
             for slot in slots:
                 while slot.episode is None and jobs:
@@ -201,22 +201,22 @@ class DemoRecorder:
                     self._record(self._finish(slot.episode), progress)
                     slot.episode = None
 
-    def _record(self, result: EpisodeResult, progress: Any) -> None:
+    def _record(self, result: RecordedEpisodeResult, progress: Any) -> None:
         self.results.append(result)
         if progress is not None:
             progress.update(1)
             progress.set_postfix(success=f"{success_rate(self.results):.0%}")
 
 
-def success_rate(results: Sequence[EpisodeResult]) -> float:
+def success_rate(results: Sequence[RecordedEpisodeResult]) -> float:
     """Share of the *attempted* episodes (skipped ones excluded) that ended in success."""
     attempted = [r for r in results if r.skipped is None]
     return float(np.mean([r.success for r in attempted])) if attempted else 0.0
 
 
-def per_task_summary(results: Sequence[EpisodeResult]) -> dict[int, dict[str, Any]]:
+def per_task_summary(results: Sequence[RecordedEpisodeResult]) -> dict[int, dict[str, Any]]:
     """task id -> attempted episodes, successes, success rates, mean steps/seconds, skip reason."""
-    by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
+    by_task: dict[int, list[RecordedEpisodeResult]] = defaultdict(list)
     for r in results:
         by_task[r.task_id].append(r)
     summary: dict[int, dict[str, Any]] = {}
@@ -235,7 +235,7 @@ def per_task_summary(results: Sequence[EpisodeResult]) -> dict[int, dict[str, An
     return summary
 
 
-def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[EpisodeResult]:
+def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[RecordedEpisodeResult]:
     """Start ``cfg.num_envs`` simulator processes, record, finalize the dataset, shut down.
 
     The dataset is finalized (and every simulator process stopped) also on errors and Ctrl-C, so

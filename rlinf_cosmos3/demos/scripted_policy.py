@@ -41,7 +41,7 @@ class UnsupportedTaskError(ValueError):
     """The task's goal is not a single pick-and-place predicate this policy can attempt."""
 
 
-class Phase(enum.Enum):
+class ScriptPhase(enum.Enum):
     APPROACH = "approach"
     DESCEND = "descend"
     GRASP = "grasp"
@@ -71,7 +71,7 @@ def parse_goal(goal: list[list[str]]) -> PickPlaceGoal:
 
 
 @dataclass
-class PolicyConfig:
+class ScriptedPolicyConfig:
     """Gains, speeds and margins (metres, action units). Defaults were tuned on libero_spatial/object."""
 
     pos_gain: float = 2.0
@@ -105,11 +105,11 @@ def _down_rotation(yaw: float) -> np.ndarray:
 class ScriptedPickPlace:
     """Phase machine producing one 7-D LIBERO command per call of :meth:`act`."""
 
-    def __init__(self, goal: list[list[str]], config: PolicyConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, goal: list[list[str]], config: ScriptedPolicyConfig | None = None, seed: int = 0) -> None:
         self.goal = parse_goal(goal)
-        self.cfg = config or PolicyConfig()
+        self.cfg = config or ScriptedPolicyConfig()
         self.rng = np.random.default_rng(seed)
-        self.phase = Phase.APPROACH
+        self.phase = ScriptPhase.APPROACH
         self.phase_steps = 0
         self.regrasps = 0
         self._plan: dict[str, Any] = {}
@@ -120,7 +120,7 @@ class ScriptedPickPlace:
 
     @property
     def done(self) -> bool:
-        return self.phase is Phase.DONE
+        return self.phase is ScriptPhase.DONE
 
     # ------------------------------------------------------------------ scene geometry
     @staticmethod
@@ -236,7 +236,7 @@ class ScriptedPickPlace:
         recent = float(np.linalg.norm(self._eef_history[-1] - self._eef_history[-1 - w]))
         return recent < self.cfg.stall_tol and float(np.linalg.norm(self._eef_history[-1] - target)) < within
 
-    def _goto(self, phase: Phase) -> None:
+    def _goto(self, phase: ScriptPhase) -> None:
         logger.debug("phase %s -> %s after %d steps", self.phase.value, phase.value, self.phase_steps)
         self.phase = phase
         self.phase_steps = 0
@@ -257,54 +257,54 @@ class ScriptedPickPlace:
         grasp = plan["grasp"]
         above = grasp + np.array([0.0, 0.0, cfg.approach_height])
 
-        if self.phase is Phase.APPROACH:
+        if self.phase is ScriptPhase.APPROACH:
             if self._reached(priv, above, cfg.coarse_tol) or self.phase_steps > cfg.phase_timeout:
-                self._goto(Phase.DESCEND)
+                self._goto(ScriptPhase.DESCEND)
             return self._servo(priv, above, GRIPPER_OPEN)
-        if self.phase is Phase.DESCEND:
+        if self.phase is ScriptPhase.DESCEND:
             if (self._reached(priv, grasp, cfg.reach_tol) or self._stalled(grasp, cfg.coarse_tol)
                     or self.phase_steps > cfg.phase_timeout // 2):
-                self._goto(Phase.GRASP)
+                self._goto(ScriptPhase.GRASP)
             return self._servo(priv, grasp, GRIPPER_OPEN)
-        if self.phase is Phase.GRASP:
+        if self.phase is ScriptPhase.GRASP:
             if self.phase_steps >= cfg.grasp_steps:
                 plan["grip_offset_xy"] = eef[:2] - obj_pose[:2]
                 plan["carry_z"] = max(plan["support_top"], plan["obj_start_z"]) + plan["grip_above_bottom"] \
                     + cfg.carry_clearance
-                self._goto(Phase.LIFT)
+                self._goto(ScriptPhase.LIFT)
             return self._servo(priv, grasp, GRIPPER_CLOSE)
-        if self.phase is Phase.LIFT:
+        if self.phase is ScriptPhase.LIFT:
             lift_to = np.array([grasp[0], grasp[1], plan["carry_z"]])
             lifted = obj_pose[2] - plan["obj_start_z"]
             if eef[2] - grasp[2] > 0.05 and lifted < 0.02:
                 return self._regrasp(priv, "object did not come up")
             if self._reached(priv, lift_to, cfg.coarse_tol) or self.phase_steps > cfg.phase_timeout:
-                self._goto(Phase.CARRY)
+                self._goto(ScriptPhase.CARRY)
             return self._servo(priv, lift_to, GRIPPER_CLOSE)
         place_xy = plan["target_xy"] + plan.get("grip_offset_xy", np.zeros(2))
-        if self.phase is Phase.CARRY:
+        if self.phase is ScriptPhase.CARRY:
             carry_to = np.array([place_xy[0], place_xy[1], plan["carry_z"]])
             if obj_pose[2] - plan["obj_start_z"] < 0.01:
                 return self._regrasp(priv, "object dropped while carrying")
             if self._reached(priv, carry_to, cfg.reach_tol * 1.5) or self.phase_steps > cfg.phase_timeout * 2:
-                self._goto(Phase.LOWER)
+                self._goto(ScriptPhase.LOWER)
             return self._servo(priv, carry_to, GRIPPER_CLOSE)
         place_z = plan["support_top"] + plan["grip_above_bottom"] + cfg.place_clearance
-        if self.phase is Phase.LOWER:
+        if self.phase is ScriptPhase.LOWER:
             lower_to = np.array([place_xy[0], place_xy[1], place_z])
             if (self._reached(priv, lower_to, cfg.reach_tol) or self._stalled(lower_to, 2 * cfg.coarse_tol)
                     or self.phase_steps > cfg.phase_timeout // 2):
-                self._goto(Phase.RELEASE)
+                self._goto(ScriptPhase.RELEASE)
             return self._servo(priv, lower_to, GRIPPER_CLOSE)
-        if self.phase is Phase.RELEASE:
+        if self.phase is ScriptPhase.RELEASE:
             if self.phase_steps >= cfg.release_steps:
                 plan["release_pos"] = eef.copy()
-                self._goto(Phase.RETREAT)
+                self._goto(ScriptPhase.RETREAT)
             return self._servo(priv, np.array([place_xy[0], place_xy[1], place_z]), GRIPPER_OPEN)
         retreat_to = plan.get("release_pos", eef) + np.array([0.0, 0.0, cfg.retreat_height])
-        if self.phase is Phase.RETREAT:
+        if self.phase is ScriptPhase.RETREAT:
             if self._reached(priv, retreat_to, cfg.coarse_tol) or self.phase_steps > cfg.phase_timeout // 2:
-                self._goto(Phase.DONE)
+                self._goto(ScriptPhase.DONE)
             return self._servo(priv, retreat_to, GRIPPER_OPEN)
         return self._servo(priv, retreat_to, GRIPPER_OPEN)
 
@@ -313,11 +313,11 @@ class ScriptedPickPlace:
         self.regrasps += 1
         if self.regrasps > self.cfg.max_regrasps:
             logger.debug("giving up: %s", why)
-            self._goto(Phase.DONE)
+            self._goto(ScriptPhase.DONE)
         else:
             logger.debug("regrasp %d: %s", self.regrasps, why)
             self._plan = {}
             self._plan_grasp(priv)
-            self._goto(Phase.APPROACH)
+            self._goto(ScriptPhase.APPROACH)
         eef = np.asarray(priv["eef_pos"])
         return self._servo(priv, eef + np.array([0.0, 0.0, 0.02]), GRIPPER_OPEN)

@@ -30,7 +30,7 @@ from rlinf_cosmos3.demos.recorder import (
     record_demos,
     success_rate,
 )
-from rlinf_cosmos3.demos.scripted_policy import PolicyConfig
+from rlinf_cosmos3.demos.scripted_policy import ScriptedPolicyConfig
 from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.sim.libero_suites import (
     NUM_INIT_STATES,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         keep_failed=args.keep_failed,
         num_envs=args.num_envs,
-        policy=PolicyConfig(noise_std=args.action_noise),
+        policy=ScriptedPolicyConfig(noise_std=args.action_noise),
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
     )

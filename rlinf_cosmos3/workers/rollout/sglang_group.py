@@ -65,7 +65,7 @@ class ServerHandle(Protocol):
 
 
 @dataclass
-class _Slot:
+class _ServerSlot:
     """Dispatch state of one server."""
 
     server: ServerHandle
@@ -96,7 +96,7 @@ class SGLangServerGroup(RolloutBackend):
         if self.cfg.launch_via_ray and cluster is None:
             raise ValueError("rollout.sglang.launch_via_ray needs the run's Cluster")
         self._servers: list[ServerHandle] = []
-        self._slots: list[_Slot] = []
+        self._slots: list[_ServerSlot] = []
         self._hosts: WorkerGroup | None = None
         self._cond: asyncio.Condition | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -198,7 +198,7 @@ class SGLangServerGroup(RolloutBackend):
             for server in self._servers:
                 await asyncio.to_thread(server.launch)
             await asyncio.gather(*(self._until_healthy(server) for server in self._servers))
-            self._slots = [_Slot(server, self._client(server)) for server in self._servers]
+            self._slots = [_ServerSlot(server, self._client(server)) for server in self._servers]
             for server in self._servers:
                 logger.info("sglang server assigned: rank=%d -> %s (%d server(s)%s)", server.rank, server.url,
                             len(self._servers), ", attached: not ours to restart or stop" if self.cfg.attaches else "")
@@ -253,7 +253,7 @@ class SGLangServerGroup(RolloutBackend):
                 slot.restart_task = None
         return self._cond
 
-    async def _acquire(self) -> _Slot:
+    async def _acquire(self) -> _ServerSlot:
         cond = self._condition()
         async with cond:
             while True:
@@ -278,13 +278,13 @@ class SGLangServerGroup(RolloutBackend):
             if slot.state == RESTARTING and slot.restart_task is None:
                 slot.restart_task = asyncio.create_task(self._restart(slot))
 
-    async def _release(self, slot: _Slot) -> None:
+    async def _release(self, slot: _ServerSlot) -> None:
         cond = self._condition()
         async with cond:
             slot.inflight = max(0, slot.inflight - 1)
             cond.notify_all()
 
-    async def _server_died(self, slot: _Slot, client: ActionHTTPClient, err: ServerDiedError) -> None:
+    async def _server_died(self, slot: _ServerSlot, client: ActionHTTPClient, err: ServerDiedError) -> None:
         cond = self._condition()
         async with cond:
             if slot.state == READY and slot.client is client:  # not yet handled by another request
@@ -292,7 +292,7 @@ class SGLangServerGroup(RolloutBackend):
                 slot.state = RESTARTING
                 slot.restart_task = asyncio.create_task(self._restart(slot))
 
-    async def _restart(self, slot: _Slot) -> None:
+    async def _restart(self, slot: _ServerSlot) -> None:
         server = slot.server
         try:
             if slot.restarts >= self.cfg.max_restarts:
