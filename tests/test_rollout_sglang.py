@@ -30,7 +30,7 @@ from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.http_client import ActionHTTPClient, ServerUnavailableError
-from rlinf_cosmos3.workers.rollout.server_process import TAG_ENV, ServerStartError
+from rlinf_cosmos3.workers.rollout.server_process import ServerStartError, tagged_processes
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
@@ -43,21 +43,9 @@ LONG = "pick up the alphabet soup and place it in the basket"
 HEALTH_TIMEOUT_S = 400.0  # CPU servers on a busy 2-core box can take minutes to import
 
 
-def _tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries this group's tag (zombies do not count)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TAG_ENV, "").startswith(f"{tag}:"):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
 def _assert_nothing_left(tag: str) -> None:
     deadline = time.monotonic() + 10
-    while (left := _tagged_processes(tag)) and time.monotonic() < deadline:
+    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
 
@@ -150,7 +138,7 @@ def test_a_group_attached_to_running_servers_serves_and_leaves_them_running(
     obs = _obs([SHORT_A, SHORT_B, LONG])
     attached = SGLangServerGroup(model_cfg, _sglang_cfg(server_urls=group.urls), log_dir=tmp_path)
     with attached:
-        assert attached.urls == group.urls and not _tagged_processes(attached.tag)  # nothing launched
+        assert attached.urls == group.urls and not tagged_processes(attached.tag)  # nothing launched
         via_attached = asyncio.run(adapter.predict(obs, attached))
         assert sum(s["served"] for s in attached.stats()) == 2  # two prompt lengths -> two requests
     assert not (tmp_path / "sglang").exists() or not list((tmp_path / "sglang").iterdir())  # no server logs of ours
@@ -236,7 +224,7 @@ def test_killed_server_is_restarted_and_requests_retried(group: SGLangServerGrou
 def test_exception_inside_with_block_leaves_no_process(group: SGLangServerGroup) -> None:
     pids = [server.pid for server in group.servers]
     # Each server and the scheduler it forked carry the tag.
-    assert len(_tagged_processes(group.tag)) >= 2 * len(pids)
+    assert len(tagged_processes(group.tag)) >= 2 * len(pids)
     with pytest.raises(RuntimeError, match="boom"), group:  # entering a started group does not restart it
         assert [server.pid for server in group.servers] == pids
         raise RuntimeError("boom")
@@ -294,7 +282,7 @@ def test_driver_signal_or_exit_stops_servers(model_cfg: RolloutModelConfig, tmp_
         tag = driver.stdout.readline().strip()
         assert tag.startswith("sglang-"), tag
         deadline = time.monotonic() + 120
-        while not _tagged_processes(tag):
+        while not tagged_processes(tag):
             assert time.monotonic() < deadline and driver.poll() is None, driver.stdout.read()
             time.sleep(0.1)
         if how != "exit":

@@ -104,7 +104,7 @@ from rlinf_cosmos3.models.cosmos3.tiny import (
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker
-from rlinf_cosmos3.workers.rollout.server_process import TAG_ENV
+from rlinf_cosmos3.workers.rollout.server_process import tagged_processes
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
 logger = logging.getLogger("benchmarks.serve_actions")
@@ -715,18 +715,6 @@ def server_pids(group: SGLangServerGroup) -> set[int]:
         except psutil.NoSuchProcess:
             continue
     return pids
-
-
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes that carry this group's tag in their environment (server_process.TAG_ENV)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TAG_ENV, "").startswith(f"{tag}:"):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 def stop_leftovers(tag: str, wait_s: float = 10.0) -> list[int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from rlinf_cosmos3.procgroup import group_alive
 from rlinf_cosmos3.workers.rollout.http_client import HEALTH_PATH
@@ -35,6 +36,21 @@ TAG_ENV = "RLINF_COSMOS3_SGLANG_SERVER"
 leftover processes can be found — by tests, or by hand with ``grep -l`` over /proc/*/environ."""
 # A port chosen free can still be taken before the server binds it; SGLang then exits with this.
 PORT_RACE_MARKER = "--strict-ports is enabled"
+
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes (zombies do not count) started for the server group ``tag``: each carries
+    ``TAG_ENV=<tag>:rank<i>`` in its environment, children of the server included -- how a check
+    finds every process a group left, whatever its process group or parent."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TAG_ENV, "").startswith(f"{tag}:"):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
 
 
 class ServerStartError(RuntimeError):
