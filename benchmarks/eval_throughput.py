@@ -57,7 +57,8 @@ from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
 from rlinf_cosmos3.runners.eval_summary import EvalSummary
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
-from rlinf_cosmos3.workers.env.stage import SLOT_IDS, TASK_DESCRIPTIONS, StageOutput
+from rlinf_cosmos3.workers.env.stage import StageOutput
+from rlinf_cosmos3.workers.observation_keys import SLOT_IDS, TASK_DESCRIPTIONS
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
 from rlinf_cosmos3.workers.rollout.factory import make_backend

@@ -30,7 +30,9 @@ from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.env.slot import EnvSlot
-from rlinf_cosmos3.workers.env.stage import (
+from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
+from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
+from rlinf_cosmos3.workers.observation_keys import (
     MAIN_IMAGES,
     SLOT_IDS,
     STATES,
@@ -38,10 +40,7 @@ from rlinf_cosmos3.workers.env.stage import (
     TASK_IDS,
     TRIAL_IDS,
     WRIST_IMAGES,
-    EnvStage,
-    StageOutput,
 )
-from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
 
 pytestmark = pytest.mark.libero
 

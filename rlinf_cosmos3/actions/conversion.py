@@ -21,6 +21,8 @@ ACTION_DIM_10 = 10
 POS_SLICE_10 = slice(0, 3)
 ROT6D_SLICE_10 = slice(3, 9)
 GRIPPER_INDEX_10 = 9
+GRIPPER_INDEX_7 = 6
+"""The gripper channel of the 7-D LIBERO command (and of a 7-D dataset action)."""
 
 
 def actions_7_to_10(a: ArrayLike) -> np.ndarray:

@@ -52,6 +52,7 @@ import numpy as np
 from rlinf_cosmos3.actions.conversion import (
     ACTION_DIM_7,
     ACTION_DIM_10,
+    GRIPPER_INDEX_7,
     GRIPPER_INDEX_10,
     ROT6D_SLICE_10,
     actions_7_to_10,
@@ -68,7 +69,6 @@ ROTATION_DIMS = tuple(range(ROT6D_SLICE_10.start, ROT6D_SLICE_10.stop))
 # Values that make every normalisation method the identity on a channel (reference
 # ``_apply_skip_rotation``).
 _IDENTITY_STATS = {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0, "q01": -1.0, "q99": 1.0}
-_GRIPPER_INDEX_7 = 6
 
 
 class ActionStatsError(ValueError):
@@ -259,7 +259,7 @@ def compute_action_stats(
             raise ValueError(f"episode {i}: expected actions of shape [T, 7], got {arr.shape}")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"episode {i}: actions contain NaN or inf")
-        g = arr[:, _GRIPPER_INDEX_7]
+        g = arr[:, GRIPPER_INDEX_7]
         low, high = GRIPPER_RANGES[gripper_convention]
         if g.size and (g.min() < low or g.max() > high):
             raise ValueError(

@@ -30,6 +30,7 @@ from rlinf_cosmos3.runners.eval_summary import EvalSummary, caps_text, summarize
 from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
+from rlinf_cosmos3.workers.observation_keys import SLOT_IDS
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
 from rlinf_cosmos3.workers.rollout.factory import make_backend
@@ -37,7 +38,6 @@ from rlinf_cosmos3.workers.rollout.server_process import ServerStartError
 
 logger = logging.getLogger("rlinf_cosmos3.eval")
 
-SLOT_IDS = "slot_ids"
 
 
 class PipelinedEvalRunner:

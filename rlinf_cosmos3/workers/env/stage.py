@@ -20,18 +20,18 @@ import numpy as np
 
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 from rlinf_cosmos3.workers.env.slot import ACTION_DIM, SIM_FAILURES, STATE_DIM, EnvSlot
+from rlinf_cosmos3.workers.observation_keys import (
+    EPISODE_STEPS,
+    MAIN_IMAGES,
+    SLOT_IDS,
+    STATES,
+    TASK_DESCRIPTIONS,
+    TASK_IDS,
+    TRIAL_IDS,
+    WRIST_IMAGES,
+)
 
 # Observation batch keys (RLinf's names; the rollout adapter reads the image and task keys).
-SLOT_IDS = "slot_ids"
-MAIN_IMAGES = "main_images"
-WRIST_IMAGES = "wrist_images"
-STATES = "states"
-TASK_DESCRIPTIONS = "task_descriptions"
-TASK_IDS = "task_ids"
-TRIAL_IDS = "trial_ids"
-EPISODE_STEPS = "episode_steps"
-"""Policy steps each env's episode has run so far (settle steps not counted): which step of a recorded
-demonstration the observation corresponds to (the ``replay`` rollout backend reads it)."""
 
 
 @dataclass

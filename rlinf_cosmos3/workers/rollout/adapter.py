@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlinf_cosmos3.actions import ActionNormalizer, actions_10_to_7, dataset_gripper_to_libero_command
+from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_7
 from rlinf_cosmos3.models.cosmos3.captions import eval_request_text
+from rlinf_cosmos3.workers.observation_keys import (
+    EPISODE_STEPS,
+    MAIN_IMAGES,
+    TASK_DESCRIPTIONS,
+    TASK_IDS,
+    TRIAL_IDS,
+    WRIST_IMAGES,
+)
 from rlinf_cosmos3.workers.rollout.protocol import (
     EPISODE_CONTEXT,
     SamplingSettings,
@@ -43,13 +52,6 @@ if TYPE_CHECKING:
     from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
     from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
-MAIN_IMAGES = "main_images"
-WRIST_IMAGES = "wrist_images"
-TASK_DESCRIPTIONS = "task_descriptions"
-TASK_IDS = "task_ids"
-TRIAL_IDS = "trial_ids"
-EPISODE_STEPS = "episode_steps"
-GRIPPER_INDEX_7 = 6
 
 
 @dataclass(frozen=True)

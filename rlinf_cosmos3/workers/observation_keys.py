@@ -1,0 +1,20 @@
+"""The keys of the observation batch an env stage hands the rollout side, declared once.
+
+Written by :mod:`rlinf_cosmos3.workers.env.stage`, read by the action adapter
+(:mod:`rlinf_cosmos3.workers.rollout.adapter`) and the eval runner, which hands ``SLOT_IDS`` back
+with the actions so each chunk reaches the env that asked for it.
+"""
+
+from __future__ import annotations
+
+SLOT_IDS = "slot_ids"
+"""Global env slot of each row: the order the actions must come back in."""
+MAIN_IMAGES = "main_images"
+WRIST_IMAGES = "wrist_images"
+STATES = "states"
+TASK_DESCRIPTIONS = "task_descriptions"
+TASK_IDS = "task_ids"
+TRIAL_IDS = "trial_ids"
+EPISODE_STEPS = "episode_steps"
+"""Policy steps each env's episode has run so far (settle steps not counted): which step of a recorded
+demonstration the observation corresponds to (the ``replay`` rollout backend reads it)."""
