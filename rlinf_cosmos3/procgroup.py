@@ -6,6 +6,8 @@ Stdlib only: the simulator side imports the package too.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def group_alive(pgid: int) -> bool:
@@ -17,3 +19,19 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextmanager
+def keep_scheduling() -> Iterator[None]:
+    """Restore this thread's CPU scheduling policy after the block.
+
+    The SVT-AV1 encoder (lerobot's default video codec) run as root switches the calling thread to
+    SCHED_FIFO priority 99; every process forked afterwards inherits it, and a few busy real-time
+    processes on a small machine starve everything else (simulators, servers, the shell) for minutes.
+    """
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != before:
+            os.sched_setscheduler(0, before[0], before[1])

@@ -73,6 +73,23 @@ def test_writer_refuses_a_non_empty_output(tmp_path) -> None:
         DemoDatasetWriter(tmp_path, "local/x")
 
 
+def test_writing_videos_leaves_this_process_on_normal_scheduling(tmp_path) -> None:
+    """SVT-AV1 (lerobot's codec) run as root switches the encoding thread to SCHED_FIFO 99; the
+    writer puts it back, else every later child process is real-time and starves the machine."""
+    import os
+
+    from rlinf_cosmos3.demos.lerobot_writer import EpisodeRecord
+
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    writer = DemoDatasetWriter(tmp_path / "ds", "local/sched", image_size=32)
+    for _ in range(3):
+        writer.add_frame(np.zeros((32, 32, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), np.zeros(8, np.float32),
+                         np.zeros(7), "pick")
+    writer.save_episode(EpisodeRecord(True, True, "libero_spatial", 0, 0, 10))
+    writer.finalize()
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+
+
 # ---------------------------------------------------------------------------- the recorded dataset
 @pytest.fixture(scope="module")
 def dataset(recorded_libero_dataset) -> LeRobotDataset:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlinf_cosmos3.actions import libero_command_to_dataset_gripper
+from rlinf_cosmos3.procgroup import keep_scheduling
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,8 @@ class DemoDatasetWriter:
         if self._frames_in_episode == 0:
             raise ValueError("no frames to save")
         index = self._dataset.meta.total_episodes
-        self._dataset.save_episode(parallel_encoding=False)
+        with keep_scheduling():  # SVT-AV1 as root would leave this process real-time (procgroup.py)
+            self._dataset.save_episode(parallel_encoding=False)
         self._records[index] = record
         self._frames_in_episode = 0
         return index
@@ -144,7 +146,8 @@ class DemoDatasetWriter:
             return
         if self._frames_in_episode:
             self.discard_episode()
-        self._dataset.finalize()
+        with keep_scheduling():
+            self._dataset.finalize()
         self._finalized = True
         if self._records:
             add_episode_columns(self.root, {i: vars(r) for i, r in self._records.items()})
