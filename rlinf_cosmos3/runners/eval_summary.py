@@ -138,8 +138,8 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
     return EvalSummary(
         suite=env.suite_label,
         num_trajectories=n,
-        success_once=pooled["success_once"] if n else 0.0,
-        success_at_end=pooled["success_at_end"] if n else 0.0,
+        success_once=pooled["success_once"],  # 0.0 without episodes (SuccessRate.rate)
+        success_at_end=pooled["success_at_end"],
         num_errors=sum(r.error is not None for r in results),
         per_task=_per_task(results, (lambda r: f"{r.suite}/{r.task_id}") if env.multi_suite else (lambda r: r.task_id)),
         step_cap=caps if env.multi_suite else caps[suites[0]],

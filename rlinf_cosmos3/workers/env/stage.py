@@ -31,8 +31,6 @@ from rlinf_cosmos3.workers.observation_keys import (
     WRIST_IMAGES,
 )
 
-# Observation batch keys (RLinf's names; the rollout adapter reads the image and task keys).
-
 
 @dataclass
 class StageOutput:
