@@ -16,6 +16,7 @@ not matter. Shared read-only; a test that needs other files writes them next to 
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,33 @@ def recorded_libero_dataset(tmp_path_factory: pytest.TempPathFactory) -> Recorde
     results = record_demos(cfg, show_progress=False)
     return RecordedDataset(root=cfg.out, repo_id=cfg.repo_id, suite=cfg.suite, task_ids=tuple(cfg.task_ids),
                            init_state_ids=tuple(cfg.init_state_ids), fps=cfg.fps, results=tuple(results))
+
+
+# This process's CPU scheduling when the session started. SVT-AV1 (lerobot's video encoder) run as root
+# switches the thread that encodes to SCHED_FIFO 99; were that the pytest process, every later thread and
+# child (torch's OpenMP pool, Ray, simulators, servers) would be real-time too, and spinning real-time
+# threads on a two-core machine stall the suite for good (the signal-based timeout cannot fire).
+_SESSION_SCHEDULING = (os.sched_getscheduler(0), os.sched_getparam(0))
+
+
+def _scheduling_changed(when: str) -> str | None:
+    now = (os.sched_getscheduler(0), os.sched_getparam(0))
+    if now == _SESSION_SCHEDULING:
+        return None
+    os.sched_setscheduler(0, _SESSION_SCHEDULING[0], _SESSION_SCHEDULING[1])
+    return (f"{when}, this process's scheduling policy was {now[0]} priority {now[1].sched_priority} instead of "
+            f"{_SESSION_SCHEDULING[0]} priority {_SESSION_SCHEDULING[1].sched_priority} (restored): wrap lerobot's "
+            "save_episode/finalize in rlinf_cosmos3.procgroup.keep_scheduling()")
+
+
+@pytest.fixture(autouse=True)
+def _process_stays_on_normal_scheduling():
+    """Fail the test (or the fixture before it) that left this process real-time, and put it back."""
+    if problem := _scheduling_changed("before this test (a fixture it uses wrote videos)"):
+        pytest.fail(problem, pytrace=False)
+    yield
+    if problem := _scheduling_changed("after this test"):
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.hookimpl(trylast=True)

@@ -34,6 +34,8 @@ def write_libero_like(
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+    from rlinf_cosmos3.procgroup import keep_scheduling
+
     cameras = dict(cameras) if cameras is not None else {MAIN: "image", WRIST: "image"}
     height, width = image_size
     features: dict[str, dict] = {
@@ -53,6 +55,7 @@ def write_libero_like(
             frame[ACTION] = rng.uniform(-0.5, 0.5, size=action_dim).astype(np.float32)
         frame["task"] = "pick up the black bowl"
         ds.add_frame(frame)
-    ds.save_episode(parallel_encoding=False)
-    ds.finalize()
+    with keep_scheduling():  # SVT-AV1 as root would leave this process real-time
+        ds.save_episode(parallel_encoding=False)
+        ds.finalize()
     return root

@@ -29,6 +29,7 @@ from rlinf_cosmos3.data import (
     LiberoLeRobotDataset,
     collate_samples,
 )
+from rlinf_cosmos3.procgroup import keep_scheduling
 
 FPS = 20
 SIZE = 256
@@ -81,8 +82,10 @@ def _write_dataset(
             for key in image_keys:
                 frame[key] = _image(t, ep, wrist=key == WRIST)
             ds.add_frame(frame)
-        ds.save_episode(parallel_encoding=False)
-    ds.finalize()
+        with keep_scheduling():  # SVT-AV1 as root would leave this process real-time
+            ds.save_episode(parallel_encoding=False)
+    with keep_scheduling():
+        ds.finalize()
 
 
 def _random_actions(rng: np.random.Generator, length: int, dim: int = 7) -> np.ndarray:
