@@ -10,6 +10,7 @@ running (no Ray, no child process). The table in docs/reliability.md names these
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -275,3 +276,26 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused_before_ray(inputs, tm
     assert "refusing to start: not enough disk space" in log and "1,048,576 bytes" in log
     assert "point runner.log_path at a filesystem with room" in log  # the field and the fix
     assert "Ray " not in log and "starting" not in log and not (tmp_path / "ckpts").exists()
+
+
+# ----------------------------------------------------------------------------- online evaluation
+@pytest.mark.parametrize(("extra", "field", "text"), [
+    (("runner.eval_interval=3",), "runner.eval_interval", r"3 is not a multiple of runner.save_interval=15"),
+    (("runner.eval_interval=15", "runner.online_eval.config_name=no_such_eval"), "runner.online_eval.config_name",
+     r"no eval config 'no_such_eval' in .*evaluations/libero"),
+    (("runner.eval_interval=15", 'runner.online_eval.overrides=["rollout.rollout_backend=sglang"]'),
+     "runner.online_eval.overrides", r"rollout.rollout_backend is set by the online evaluation itself"),
+])
+def test_online_eval_settings_name_their_field(inputs, extra, field, text) -> None:
+    _refused(inputs, field, text, *extra)
+
+
+@pytest.mark.parametrize(("override", "text"), [
+    ("rollout.model.fps=10", r"fps"),  # not what this run trains: the identity (or the stats' fps) disagrees
+    ("env.eval.no_such_key=1", r"no_such_key"),
+])
+def test_an_eval_config_that_cannot_evaluate_the_run_is_refused_before_ray(inputs, tmp_path, override, text) -> None:
+    log = _driver_refuses(inputs, tmp_path, "runner.online_eval", "runner.eval_interval=15",
+                          "runner.online_eval.config_name=libero_spatial_cosmos3_eval_tiny",
+                          f'runner.online_eval.overrides=["{override}"]')
+    assert "libero_spatial_cosmos3_eval_tiny" in log and re.search(text, log.split("invalid config:")[1]), log

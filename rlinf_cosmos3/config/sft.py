@@ -22,6 +22,7 @@ from rlinf_cosmos3.config.base import ConfigError, load_structured, require, req
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
 from rlinf_cosmos3.data.config import LiberoDataConfig
 from rlinf_cosmos3.models.cosmos3.components import missing_components
+from rlinf_cosmos3.paths import REPO_ROOT
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
 """= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
@@ -110,6 +111,34 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
+ONLINE_EVAL_FORCED = ("rollout.rollout_backend", "rollout.model.model_path", "rollout.model.action_stats_path",
+                      "runner.logs_dir", "runner.resume_dir")
+"""Eval fields the online evaluation sets itself (runners/online_eval_job.py): an override of one is refused."""
+
+
+@dataclass
+class OnlineEvalConfig:
+    """``runner.online_eval``: what the evaluation every ``runner.eval_interval`` steps runs.
+
+    Each evaluation converts the checkpoint just saved and runs the named eval config from
+    ``evaluations/libero/`` with the embedded backend in a process of its own, while training goes on;
+    its success rates land in this run's TensorBoard as ``eval/*`` at the step evaluated.
+    """
+
+    config_name: str = "libero_spatial_cosmos3_eval_sglang"
+    """An eval config in ``evaluations/libero/`` (the reference eval by default)."""
+    overrides: list[str] = field(default_factory=list)
+    """Hydra overrides of that eval config: keep the set small and fixed, e.g.
+    ``[env.eval.task_ids=[0,1],env.eval.init_state_ids=[0,1,2]]``."""
+    use_ema: bool = True
+    """Evaluate the EMA weights (when ``actor.model.ema_enabled``; else the trained ones)."""
+    timeout_s: float = 3600.0
+    """An evaluation running longer is stopped (and reported as failed); training is never stopped."""
+    keep_models: bool = False
+    """Keep each converted model directory (one transformer's size on disk each); false deletes it
+    once its evaluation ends."""
+
+
 @dataclass
 class RunnerConfig:
     """``runner``: how long, where the outputs go, how often to log and save."""
@@ -134,6 +163,10 @@ class RunnerConfig:
     """Stop cleanly once training has run this long (seconds from the first step): the step in progress
     finishes, a checkpoint is saved and the run exits 0, naming the checkpoint to resume from (a batch
     scheduler's time limit then costs nothing). None: no limit. The LR schedule is not shortened."""
+    eval_interval: int | None = None
+    """Evaluate in LIBERO every this many steps (a multiple of ``save_interval``: the checkpoint saved
+    at that step is what is evaluated; see ``online_eval``). None: no evaluation during training."""
+    online_eval: OnlineEvalConfig = field(default_factory=OnlineEvalConfig)
 
 
 @dataclass
@@ -230,6 +263,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
             "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
     if runner.resume_dir:
         _check_resume_dir(runner.resume_dir)
+    if runner.eval_interval is not None:
+        _check_online_eval(runner)
 
     model_dir = require_path(model.model_path, "actor.model.model_path", "Cosmos3 diffusers model", is_dir=True)
     missing = missing_components(model_dir)
@@ -300,6 +335,26 @@ def _check_gripper_convention(path: Path, convention: str) -> None:
     problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], convention)
     require(problem is None, "data.dataset.gripper_convention", f"'{convention}' but in the stats '{path}' {problem}",
             "set the convention the dataset really stores (zero_one, pm_one or pm_one_flip)")
+
+
+def _check_online_eval(runner: RunnerConfig) -> None:
+    """The schedule and the eval config's name; the eval config itself is checked by the driver."""
+    interval, online = runner.eval_interval, runner.online_eval
+    require(interval is not None and interval >= 1, "runner.eval_interval", f"must be >= 1 or null, got {interval}")
+    require(interval % runner.save_interval == 0, "runner.eval_interval",
+            f"{interval} is not a multiple of runner.save_interval={runner.save_interval}: each evaluation "
+            "converts the checkpoint saved at its step",
+            f"use a multiple of {runner.save_interval}, e.g. runner.eval_interval={runner.save_interval}")
+    configs = REPO_ROOT / "evaluations" / "libero"
+    have = sorted(p.stem for p in configs.glob("*.yaml"))
+    require(online.config_name in have, "runner.online_eval.config_name",
+            f"no eval config '{online.config_name}' in {configs}", f"use one of {have}")
+    require(online.timeout_s > 0, "runner.online_eval.timeout_s", f"must be > 0, got {online.timeout_s}")
+    for override in online.overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        require(key not in ONLINE_EVAL_FORCED, "runner.online_eval.overrides",
+                f"'{override}': {key} is set by the online evaluation itself (embedded backend, the converted "
+                "checkpoint, this run's stats file, a directory inside this run)", f"drop '{override}'")
 
 
 def _check_resume_dir(value: str) -> None:

@@ -41,6 +41,7 @@ from rlinf_cosmos3.runners.checkpoint_space import (
     require_space_for_save,
     save_steps,
 )
+from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
@@ -68,6 +69,8 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
             logger.info("latent cache %s: %s", cfg.data.latent_cache_dir,
                         "reused" if reuse else "none yet: the ranks build it before the first step")
         plan = preflight(cfg)  # before Ray, ranks or GPUs: a full disk refuses the run here
+        evaluator = OnlineEvaluator(cfg, run_dir.root, training_identity(cfg))
+        evaluator.check()  # runner.eval_interval: the eval config must accept this run's checkpoints
     except ConfigError as err:
         logger.error("invalid config: %s", err)
         return 2
@@ -75,7 +78,7 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
         logger.error("refusing to start: %s", err)
         return 2
     try:
-        SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard, plan=plan).run()
+        SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard, plan=plan, evaluator=evaluator).run()
     except InsufficientSpaceError as err:
         logger.error("stopped: %s", err)
         return 2
@@ -153,18 +156,32 @@ def check_resume_identity(cfg: SFTConfig) -> None:
 
 
 class SFTRunner:
-    """Owns the cluster and the actor group for one run."""
+    """Owns the cluster, the actor group and the online evaluations of one run.
+
+    ``evaluator`` (``runner.eval_interval``): :func:`run_sft` hands one it has checked; without one the
+    runner makes its own, unchecked (a bad eval config then shows as failed evaluations).
+    """
 
     def __init__(self, cfg: SFTConfig, resolved: dict[str, Any], tensorboard_dir: Path,
-                 plan: CheckpointPlan | None = None) -> None:
+                 plan: CheckpointPlan | None = None, evaluator: OnlineEvaluator | None = None) -> None:
         self.cfg = cfg
         self.resolved = resolved
         self.tensorboard_dir = tensorboard_dir
         self.identity = training_identity(cfg)
         self.plan = plan or plan_checkpoints(cfg)
+        self.evaluator = evaluator or OnlineEvaluator(cfg, Path(tensorboard_dir).parent, self.identity)
 
     def run(self) -> list[dict[str, float]]:
-        """Train to ``runner.max_steps``; returns rank 0's metrics of every step run here."""
+        """Train to ``runner.max_steps``; returns rank 0's metrics of every step run here.
+
+        Online evaluations still running when training ends are waited for after the ranks and Ray
+        are stopped (their GPU memory is free by then)."""
+        with self.evaluator as evals, ScalarWriter(self.tensorboard_dir, prefix="train") as writer:
+            history = self._train(writer)
+            evals.finish(writer)
+        return history
+
+    def _train(self, writer: ScalarWriter) -> list[dict[str, float]]:
         from rlinf_cosmos3.workers.actor.fsdp_sft_worker import FSDPSFTWorker
 
         cfg = self.cfg
@@ -194,41 +211,43 @@ class SFTRunner:
                 if start >= cfg.runner.max_steps:
                     logger.info("nothing to do: already at step %d >= runner.max_steps", start)
                     return history
-                history = self._loop(actors, start)
+                history = self._loop(actors, start, writer)
         return history
 
-    def _loop(self, actors: WorkerGroup, start: int) -> list[dict[str, float]]:
+    def _loop(self, actors: WorkerGroup, start: int, writer: ScalarWriter) -> list[dict[str, float]]:
         cfg = self.cfg.runner
         history: list[dict[str, float]] = []
         bar = tqdm(total=cfg.max_steps, initial=start, desc="sft", unit="step", dynamic_ncols=True)
         started = time.monotonic()
-        with ScalarWriter(self.tensorboard_dir, prefix="train") as writer:
-            for step in range(start + 1, cfg.max_steps + 1):
-                t0 = time.perf_counter()
-                metrics = dict(actors.call("train_step")[0])
-                metrics["step_time_s"] = time.perf_counter() - t0
-                metrics["samples_per_s"] = self.cfg.actor.global_batch_size / metrics["step_time_s"]
-                history.append(metrics)
-                writer.log(metrics, step)
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
-                if step % cfg.log_interval == 0 or step == cfg.max_steps:
-                    logger.info("step %d/%d %s", step, cfg.max_steps,
-                                " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-                out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - started >= cfg.max_wall_time_s
-                if step % cfg.save_interval == 0 or step == cfg.max_steps or out_of_time:
-                    writer.flush()
-                    self._save(actors, step)
-                if out_of_time and step < cfg.max_steps:
-                    logger.info("runner.max_wall_time_s=%g reached after step %d of %d: stopped; continue with "
-                                "runner.resume_dir=%s", cfg.max_wall_time_s, step, cfg.max_steps,
-                                checkpoint_root(self.cfg) / step_dir_name(step))
-                    break
+        for step in range(start + 1, cfg.max_steps + 1):
+            t0 = time.perf_counter()
+            metrics = dict(actors.call("train_step")[0])
+            metrics["step_time_s"] = time.perf_counter() - t0
+            metrics["samples_per_s"] = self.cfg.actor.global_batch_size / metrics["step_time_s"]
+            history.append(metrics)
+            writer.log(metrics, step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}")
+            if step % cfg.log_interval == 0 or step == cfg.max_steps:
+                logger.info("step %d/%d %s", step, cfg.max_steps,
+                            " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            out_of_time = cfg.max_wall_time_s is not None and time.monotonic() - started >= cfg.max_wall_time_s
+            if step % cfg.save_interval == 0 or step == cfg.max_steps or out_of_time:
+                writer.flush()
+                saved = self._save(actors, step)
+                if self.evaluator.due(step):
+                    self.evaluator.submit(step, saved)
+            self.evaluator.poll(writer)
+            if out_of_time and step < cfg.max_steps:
+                logger.info("runner.max_wall_time_s=%g reached after step %d of %d: stopped; continue with "
+                            "runner.resume_dir=%s", cfg.max_wall_time_s, step, cfg.max_steps,
+                            checkpoint_root(self.cfg) / step_dir_name(step))
+                break
         bar.close()
         return history
 
-    def _save(self, actors: WorkerGroup, step: int) -> None:
-        """Save ``global_step_<step>``, apply retention, and make sure the next save will fit.
+    def _save(self, actors: WorkerGroup, step: int) -> Path:
+        """Save ``global_step_<step>``, apply retention, and make sure the next save will fit; returns its path.
 
         Checking right after a save means a disk that cannot take the next checkpoint stops the
         run while nothing is lost, instead of ``save_interval`` steps later in the middle of a write.
@@ -249,7 +268,7 @@ class SFTRunner:
             raise
         logger.info("saved checkpoint %s", path)
         if cfg.max_checkpoints_to_keep is not None:
-            protect = [cfg.resume_dir] if cfg.resume_dir else []
+            protect = ([cfg.resume_dir] if cfg.resume_dir else []) + self.evaluator.protected()
             prune_checkpoints(root, cfg.max_checkpoints_to_keep, protect=protect)
         upcoming = save_steps(step, self.cfg)
         if upcoming:
@@ -257,3 +276,4 @@ class SFTRunner:
                 self.cfg, size, upcoming[0],
                 note=f"Nothing is lost: {path} is complete; continue with runner.resume_dir={path}",
             )
+        return path

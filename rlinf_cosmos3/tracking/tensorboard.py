@@ -16,9 +16,11 @@ class ScalarWriter:
         self.prefix = prefix
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
-    def log(self, scalars: Mapping[str, float], step: int) -> None:
+    def log(self, scalars: Mapping[str, float], step: int, prefix: str | None = None) -> None:
+        """Add ``<prefix>/<name>`` scalars at ``step`` (``prefix`` defaults to the writer's own)."""
+        prefix = self.prefix if prefix is None else prefix
         for name, value in scalars.items():
-            tag = f"{self.prefix}/{name}" if self.prefix else name
+            tag = f"{prefix}/{name}" if prefix else name
             self._writer.add_scalar(tag, float(value), global_step=step)
 
     def flush(self) -> None:

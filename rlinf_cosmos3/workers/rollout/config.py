@@ -187,8 +187,10 @@ class RolloutModelConfig:
                              caption_style=self.caption_style, gripper_convention=self.gripper_convention,
                              stats_path=str(self.action_stats_path))
 
-    def check_identity(self, root: str = "rollout.model") -> ModelIdentity | None:
-        """Compare the model directory's training identity with these settings.
+    def check_identity(self, root: str = "rollout.model", trained: ModelIdentity | None = None
+                       ) -> ModelIdentity | None:
+        """Compare the model directory's training identity (or ``trained``, the identity of a model still
+        being trained) with these settings.
 
         Raises :class:`ConfigError` listing every mismatch (config field, configured and trained
         value); returns the identity. A directory without one (a base model, or converted from a
@@ -196,8 +198,10 @@ class RolloutModelConfig:
         be checked.
         """
         model_dir = Path(self.model_path)
+        source = (f"the model in '{model_dir}' was trained with other settings ({IDENTITY_FILE})" if trained is None
+                  else "the SFT run that makes the model trains with other settings")
         try:
-            trained = read_identity(model_dir)
+            trained = trained or read_identity(model_dir)
         except IdentityError as err:
             raise ConfigError(f"{root}.model_path", f"unreadable training identity: {err}",
                               "convert the checkpoint again with toolkits/cosmos3/convert_checkpoint.py") from err
@@ -225,8 +229,7 @@ class RolloutModelConfig:
                                 f"{m.field}={m.model_value!r}")
                 fixes.append(f"set {m.config_field}={m.model_value}")
         raise ConfigError(mismatches[0].config_field,
-                          f"the model in '{model_dir}' was trained with other settings ({IDENTITY_FILE}): "
-                          + "; ".join(problems),
+                          f"{source}: " + "; ".join(problems),
                           "; ".join(fixes) + "; or evaluate a model trained with these settings")
 
     def _check_stats(self, path: Path, root: str) -> None:
