@@ -299,3 +299,20 @@ def test_an_eval_config_that_cannot_evaluate_the_run_is_refused_before_ray(input
                           "runner.online_eval.config_name=libero_spatial_cosmos3_eval_tiny",
                           f'runner.online_eval.overrides=["{override}"]')
     assert "libero_spatial_cosmos3_eval_tiny" in log and re.search(text, log.split("invalid config:")[1]), log
+
+
+# ----------------------------------------------------------------------------- the objective's knobs
+@pytest.mark.parametrize(("override", "field", "text"), [
+    ("actor.model.sigma_distribution=cosine", "actor.model.sigma_distribution", r"unknown distribution 'cosine'"),
+    ("actor.model.action_sigma_distribution=cosine", "actor.model.action_sigma_distribution",
+     r"unknown distribution 'cosine'"),
+    ("actor.model.shift=-1", "actor.model.shift", r"must be > 0 or null, got -1"),
+    ("actor.model.caption_dropout=1.0", "actor.model.caption_dropout", r"must be in \[0, 1\), got 1.0"),
+])
+def test_objective_settings_name_their_field(inputs, override, field, text) -> None:
+    _refused(inputs, field, text, override)
+
+
+def test_a_resolution_tier_that_resizes_the_canvas_is_refused_before_ray(inputs, tmp_path) -> None:
+    log = _driver_refuses(inputs, tmp_path, "actor.model.resolution_tier", "actor.model.resolution_tier=480")
+    assert "not the 192x320 canvas" in log

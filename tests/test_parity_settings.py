@@ -21,7 +21,7 @@ from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config import sft as sft_config
 from rlinf_cosmos3.config.base import load_structured
-from rlinf_cosmos3.models.cosmos3 import captions
+from rlinf_cosmos3.models.cosmos3 import captions, configuration
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256, write_identity
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
@@ -68,8 +68,9 @@ def test_reference_recipe_runs_nvidias_lambda_linear_cycle() -> None:
     assert 0.70 < end < 0.72
 
 
-def test_caption_styles_of_the_config_and_the_model_agree() -> None:
+def test_caption_styles_and_sigma_distributions_of_the_config_and_the_model_agree() -> None:
     assert sft_config.CAPTION_STYLES == captions.CAPTION_STYLES
+    assert sft_config.SIGMA_DISTRIBUTIONS == configuration.SIGMA_DISTRIBUTIONS
 
 
 # ----------------------------------------------------------------------------- SFT config checks

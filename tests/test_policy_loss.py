@@ -283,3 +283,32 @@ def test_caption_dropout_trains_on_the_unconditional_prompt(policy: Cosmos3Polic
         handle.remove()
     assert seen == [encoded[0].uncond_input_ids, encoded[0].input_ids]
     assert len(encoded[0].uncond_input_ids) < len(encoded[0].input_ids)
+
+
+def test_actions_share_the_vision_sigma_unless_given_their_own(policy: Cosmos3Policy, encoded: list) -> None:
+    """The recipe (``independent_action_schedule=False``): one timestep for vision and action tokens.
+    ``action_sigma_distribution`` draws the actions' own, right after the vision sigma (which stays the same)."""
+    def timesteps(p: Cosmos3Policy) -> tuple[set[float], set[float]]:
+        seen: list[dict] = []
+        handle = p.transformer.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw), with_kwargs=True)
+        try:
+            p.loss_from_encoded(encoded[:1], _gen(3))
+        finally:
+            handle.remove()
+        (kwargs,) = seen
+        return set(kwargs["vision_timesteps"].tolist()), set(kwargs["action_timesteps"].tolist())
+
+    vision, action = timesteps(policy)
+    assert vision == action and len(vision) == 1
+    cfg = dataclasses.replace(policy.cfg, action_sigma_distribution="uniform")
+    own = Cosmos3Policy(policy.transformer, policy.vae, policy.pipeline.text_tokenizer, policy.pipeline.scheduler, cfg)
+    vision_own, (action_own,) = timesteps(own)
+    assert vision_own == vision, "the vision sigma is drawn first, as before"
+    gen = _gen(3)
+    sample_sigma("waver", cfg.training_shift, gen)
+    expected = float(sample_sigma("uniform", cfg.training_shift, gen)) * 1000
+    assert action_own == pytest.approx(expected, rel=1e-6) and action_own not in vision
+    with pytest.raises(ValueError, match="action_sigma_distribution"):
+        PolicyConfig(action_sigma_distribution="cosine")
+    with pytest.raises(ValueError, match=r"resolution_tier 480 sizes canvases to .* not the 192x320 canvas"):
+        PolicyConfig(resolution_tier=480)

@@ -32,6 +32,8 @@ CAPTION_STYLES = ("diffusers", "cosmos_framework")
 """= ``rlinf_cosmos3.models.cosmos3.captions.CAPTION_STYLES`` (configs do not import models); a test checks it."""
 
 SUPPORTED_PRECISIONS = ("bf16", "fp32")
+SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
+"""= ``rlinf_cosmos3.models.cosmos3.configuration.SIGMA_DISTRIBUTIONS`` (configs do not import models); a test checks it."""
 
 
 @dataclass
@@ -70,6 +72,23 @@ class ModelConfig:
     canvas_height: int = 192
     canvas_width: int = 320
     fps: int = 20
+    resolution_tier: int = 256
+    """diffusers' action resolution tier the canvas is sized by (``CosmosActionCondition.resolution_tier``);
+    it must size ``canvas_height x canvas_width`` as is (256 for the 192x320 LIBERO canvas)."""
+    sigma_distribution: str = "waver"
+    """How a training sigma is drawn (the recipe's ``train_time_video_distribution``): ``waver``,
+    ``logitnormal`` or ``uniform``."""
+    action_sigma_distribution: str | None = None
+    """null: the action tokens share the vision sigma (the recipe: ``independent_action_schedule=False``);
+    a distribution: actions get their own sigma, drawn with it (docs/sft_objective.md)."""
+    shift: float | None = None
+    """Sigma shift ``s t / (1 + (s - 1) t)``; null: the recipe's by canvas tier (3.0 for 192x320)."""
+    caption_dropout: float = 0.0
+    """Chance a sample trains on the unconditional prompt. NVIDIA trains with 0.1 to enable
+    classifier-free guidance; our serving runs guidance 1.0 (no unconditional pass), so the default
+    spends no samples on it (docs/sft_objective.md)."""
+    mask_padded_frames: bool = True
+    """Leave latent frames made only of episode-end padding out of the vision loss."""
     loss_scale: float = 10.0
     """Flow-matching loss weight (cosmos-framework LIBERO recipe: ``loss_scale = 10``)."""
     action_loss_weight: float = 1.0
@@ -241,6 +260,16 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
             f"unknown backend '{model.attention_backend}'", f"use one of {list(ATTENTION_BACKENDS)}")
     require(model.caption_style in CAPTION_STYLES, "actor.model.caption_style",
             f"unknown caption style '{model.caption_style}'", f"use one of {list(CAPTION_STYLES)}")
+    for name in ("sigma_distribution", "action_sigma_distribution"):
+        value = getattr(model, name)
+        require(value in SIGMA_DISTRIBUTIONS or (value is None and name == "action_sigma_distribution"),
+                f"actor.model.{name}", f"unknown distribution '{value}'",
+                f"use one of {list(SIGMA_DISTRIBUTIONS)}" + (" or null (share the vision sigma)"
+                                                             if name == "action_sigma_distribution" else ""))
+    require(model.shift is None or model.shift > 0, "actor.model.shift", f"must be > 0 or null, got {model.shift}",
+            "use null (the recipe's shift for the canvas tier: 3.0 for 192x320) or a positive number")
+    require(0.0 <= model.caption_dropout < 1.0, "actor.model.caption_dropout",
+            f"must be in [0, 1), got {model.caption_dropout}", "use 0.0 (the default) or 0.1 (NVIDIA's recipe)")
     require(all(v > 0 for v in model.lr_multipliers.values()), "actor.model.lr_multipliers",
             f"multipliers must be > 0, got {model.lr_multipliers}")
     require(optim.lr > 0, "actor.optim.lr", f"must be > 0, got {optim.lr}")

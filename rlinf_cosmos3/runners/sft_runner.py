@@ -61,6 +61,7 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
         cfg = load_sft_config(resolved)
         check_micro_batch_fits(cfg)  # counts the samples (meta/episodes): a micro-batch too large fails here
         check_resume_identity(cfg)
+        check_resolution_tier(cfg)
         if cfg.data.latent_cache_dir:  # a cache made from other inputs fails here, before any rank starts
             from rlinf_cosmos3.data.latent_cache import check_cache
             from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
@@ -153,6 +154,18 @@ def check_resume_identity(cfg: SFTConfig) -> None:
                           f"'{cfg.runner.resume_dir}' was trained with other settings ({IDENTITY_FILE}): {described}",
                           "resume with the settings (and stats file) of the run that wrote it, or start a new run "
                           "without runner.resume_dir")
+
+
+def check_resolution_tier(cfg: SFTConfig) -> None:
+    """``actor.model.resolution_tier`` must size the canvas as is (diffusers' bins; needs diffusers, so here
+    and not in the light config check)."""
+    from rlinf_cosmos3.models.cosmos3.configuration import resolution_tier_problem
+
+    model = cfg.actor.model
+    problem = resolution_tier_problem(model.resolution_tier, model.canvas_height, model.canvas_width)
+    if problem:
+        raise ConfigError("actor.model.resolution_tier", problem,
+                          "use 256 for the 192x320 LIBERO canvas, or change canvas_height/canvas_width with it")
 
 
 class SFTRunner:

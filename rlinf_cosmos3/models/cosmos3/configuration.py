@@ -46,6 +46,23 @@ def canvas_tier(height: int, width: int) -> str:
     raise ValueError(f"no training shift for a {height}x{width} canvas")
 
 
+def resolution_tier_problem(tier: int, height: int, width: int) -> str | None:
+    """Why diffusers' action pipeline would not size a ``height x width`` canvas at ``tier`` as is (it bins
+    the canvas to one of the tier's sizes: ``CosmosActionCondition.resolution_tier``), or None."""
+    from diffusers.pipelines.cosmos import pipeline_cosmos3_omni
+
+    bins = getattr(pipeline_cosmos3_omni, "_ACTION_RESOLUTION_BINS", None)
+    if bins is None:  # another diffusers layout: the processor's encode checks the binned size instead
+        return None
+    if str(tier) not in bins:
+        return f"resolution_tier {tier} is not one of diffusers' action tiers {sorted(int(k) for k in bins)}"
+    sizes = sorted(set(bins[str(tier)].values()))
+    if (height, width) not in sizes:
+        return (f"resolution_tier {tier} sizes canvases to {sizes}, not the {height}x{width} canvas: the policy "
+                "would be trained (and served) on another image size")
+    return None
+
+
 def sample_sigma(distribution: str, shift: float, generator: torch.Generator | None) -> torch.Tensor:
     """One training sigma in [0, 1] (float32, 0-d, on the generator's device), as
     ``TrainTimeSampler.__call__`` draws it: ``rectified_flow.py`` L49-58 (the draw) and L88-90 (the
@@ -87,7 +104,11 @@ class PolicyConfig:
     main_image_key: str = "image"
     wrist_image_key: str = "wrist_image"
     sigma_distribution: str = "waver"
-    """``nano_model_config.py`` L97 ``train_time_video_distribution``; actions share the vision sigma."""
+    """``nano_model_config.py`` L97 ``train_time_video_distribution``: how the (vision) sigma is drawn."""
+    action_sigma_distribution: str | None = None
+    """None: actions share the vision sigma (the recipe: ``independent_action_schedule=False``, so its
+    ``train_time_action_distribution="logitnormal"`` is never used); a distribution: the action tokens
+    get a sigma of their own, drawn with it (same shift) right after the vision sigma."""
     shift: float | None = None
     """None: by canvas tier (3.0 for the 192x320 canvas)."""
     loss_scale: float = 10.0
@@ -111,8 +132,15 @@ class PolicyConfig:
     """Clips the frozen VAE encodes per call (memory bound of the batched encode)."""
 
     def __post_init__(self) -> None:
-        if self.sigma_distribution not in SIGMA_DISTRIBUTIONS:
-            raise ValueError(f"sigma_distribution {self.sigma_distribution!r} not in {SIGMA_DISTRIBUTIONS}")
+        for name in ("sigma_distribution", "action_sigma_distribution"):
+            value = getattr(self, name)
+            if value not in SIGMA_DISTRIBUTIONS and not (name == "action_sigma_distribution" and value is None):
+                raise ValueError(f"{name} {value!r} not in {SIGMA_DISTRIBUTIONS}")
+        if self.shift is not None and self.shift <= 0:
+            raise ValueError(f"shift must be > 0 or None, got {self.shift}")
+        problem = resolution_tier_problem(self.resolution_tier, self.canvas_height, self.canvas_width)
+        if problem:
+            raise ValueError(problem)
         if self.caption_style not in CAPTION_STYLES:
             raise ValueError(f"caption_style {self.caption_style!r} not in {CAPTION_STYLES}")
         if self.caption_style == "cosmos_framework" and self.view_point != CONCAT_VIEW:
@@ -149,6 +177,12 @@ def policy_config_from_sft(cfg: SFTConfig, *, precision: str) -> PolicyConfig:
         canvas_height=model.canvas_height,
         canvas_width=model.canvas_width,
         caption_style=model.caption_style,
+        resolution_tier=model.resolution_tier,
+        sigma_distribution=model.sigma_distribution,
+        action_sigma_distribution=model.action_sigma_distribution,
+        shift=model.shift,
+        caption_dropout=model.caption_dropout,
+        mask_padded_frames=model.mask_padded_frames,
         loss_scale=model.loss_scale,
         action_loss_weight=model.action_loss_weight,
         precision=precision if precision != "fp32" else None,
@@ -169,5 +203,5 @@ def sft_latent_cache_key(cfg: SFTConfig, *, on_gpu: bool) -> dict[str, Any]:
     model = cfg.actor.model
     return cache_key(
         cfg.data.dataset, model.model_path, vae_dtype=str(sft_vae_dtype(on_gpu)).removeprefix("torch."),
-        canvas=(model.canvas_height, model.canvas_width), resolution_tier=PolicyConfig.resolution_tier,
+        canvas=(model.canvas_height, model.canvas_width), resolution_tier=model.resolution_tier,
     )

@@ -10,7 +10,7 @@ checks this against what the pipeline passes to the transformer.
 Objective (cosmos-framework ``omni_mot_model.py`` ``training_step``/``_add_noise_to_input``/
 ``_compute_losses`` and ``algorithm/loss/flow_matching.py``; choices of ours in
 ``docs/sft_objective.md``): per sample one sigma, shared by vision and actions
-(``independent_action_schedule=False``); the clean first latent frame is the condition, the later
+(``independent_action_schedule=False``; ``action_sigma_distribution`` gives actions their own); the clean first latent frame is the condition, the later
 latent frames and the 16 action tokens are noised, ``x_t = sigma * eps + (1 - sigma) * x0``; the
 transformer gets timestep ``1000 * sigma`` and predicts the velocity ``eps - x0``; the loss is
 ``loss_scale * (vision_mse + action_mse * action_loss_weight)``, each the mean over samples.
@@ -90,6 +90,8 @@ class NoisySample:
     xt_vision: torch.Tensor
     xt_action: torch.Tensor
     timestep: float
+    action_timestep: float
+    """= ``timestep`` unless ``PolicyConfig.action_sigma_distribution`` draws the actions' own sigma."""
     input_ids: list[int]
 
 
@@ -232,16 +234,19 @@ class Cosmos3Policy(nn.Module):
         noisy_vision: torch.Tensor,
         noisy_action: torch.Tensor,
         timestep: float,
+        action_timestep: float | None = None,
     ) -> dict[str, Any]:
         """The transformer's keyword arguments for one sample, assembled as ``Cosmos3OmniPipeline.__call__``
-        does (steps 3 and 5 of its conditional pass), with the clean first latent frame as condition."""
+        does (steps 3 and 5 of its conditional pass), with the clean first latent frame as condition
+        (``action_timestep``: the action tokens' own, default ``timestep``)."""
         device, dtype = self.device, self.compute_dtype
         seg = self._segments_for(input_ids, tuple(noisy_vision.shape), noisy_action.shape[0])
         inputs = {k: v for k, v in seg.items() if not k.startswith("num_noisy")}
         inputs["vision_tokens"] = [noisy_vision.to(device=device, dtype=dtype)]
         inputs["vision_timesteps"] = torch.full((seg["num_noisy_vision_tokens"],), timestep, device=device)
         inputs["action_tokens"] = [noisy_action.to(device=device, dtype=dtype)]
-        inputs["action_timesteps"] = torch.full((seg["num_noisy_action_tokens"],), timestep, device=device)
+        inputs["action_timesteps"] = torch.full((seg["num_noisy_action_tokens"],),
+                                                timestep if action_timestep is None else action_timestep, device=device)
         return inputs
 
     # ------------------------------------------------------------------ loss
@@ -275,7 +280,8 @@ class Cosmos3Policy(nn.Module):
             generators = [generator] * len(samples)
         # Draws first, sample after sample, so a shared generator yields the same numbers on both paths.
         noisy = [self._noisy_sample(sample, gen) for sample, gen in zip(samples, generators, strict=True)]
-        items = [self.transformer_inputs(n.input_ids, n.xt_vision, n.xt_action, n.timestep) for n in noisy]
+        items = [self.transformer_inputs(n.input_ids, n.xt_vision, n.xt_action, n.timestep, n.action_timestep)
+                 for n in noisy]
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for pack in split_into_packs([item["sequence_length"] for item in items], self.cfg.max_tokens_per_pack):
             preds_v, preds_a = self._run_packed([items[i] for i in pack])
@@ -308,9 +314,11 @@ class Cosmos3Policy(nn.Module):
         cfg, device = self.cfg, self.device
         raw_dim = self.domain.raw_action_dim
         x0_v, x0_a = sample.x0_vision, sample.x0_action
-        # Draw order (fixed, for reproducibility): sigma, vision noise, action noise, caption dropout.
-        # Drawn on the generator's device (CPU by default) so the numbers do not depend on the GPU.
+        # Draw order (fixed, for reproducibility): sigma, [the actions' own sigma], vision noise, action
+        # noise, caption dropout. On the generator's device (CPU by default): the same on any GPU.
         sigma = sample_sigma(cfg.sigma_distribution, cfg.training_shift, generator)
+        sigma_action = (sigma if cfg.action_sigma_distribution is None
+                        else sample_sigma(cfg.action_sigma_distribution, cfg.training_shift, generator))
         gen_device = generator_device(generator)
         eps_v = torch.randn(x0_v.shape, generator=generator, device=gen_device).to(device)
         eps_a = torch.randn(x0_a.shape, generator=generator, device=gen_device).to(device)
@@ -322,12 +330,13 @@ class Cosmos3Policy(nn.Module):
         noisy_frames[0] = 0.0
         sigma_v = sigma.to(device) * noisy_frames
         xt_v = eps_v * sigma_v + x0_v * (1 - sigma_v)
-        sigma_a = sigma.to(device)
+        sigma_a = sigma_action.to(device)
         xt_a = eps_a * sigma_a + x0_a * (1 - sigma_a)
         xt_a[:, raw_dim:] = 0  # L2060: padded channels are zero, as the pipeline keeps them
         return NoisySample(
             sample=sample, eps_vision=eps_v, eps_action=eps_a, noisy_frames=noisy_frames, xt_vision=xt_v,
             xt_action=xt_a, timestep=float(sigma) * NUM_TRAIN_TIMESTEPS,
+            action_timestep=float(sigma_action) * NUM_TRAIN_TIMESTEPS,
             input_ids=sample.uncond_input_ids if dropped else sample.input_ids,
         )
 
