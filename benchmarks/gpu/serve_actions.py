@@ -101,6 +101,7 @@ from rlinf_cosmos3.models.cosmos3.tiny import (
     write_random_weights,
     write_synthetic_action_stats,
 )
+from rlinf_cosmos3.tracking.flops import attention_flop_formulas, measure_matmul
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker
@@ -122,11 +123,6 @@ MIN_PHASE_S = 30.0
 GIB = 1024.0
 """MiB per GiB (nvidia-smi reports MiB)."""
 
-_aten = torch.ops.aten
-ATTENTION_OPS = [getattr(_aten, name) for name in (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-) if hasattr(_aten, name)]
 _LAYER = r"\.layers\.\d+\."
 UND_LEAF = re.compile(_LAYER + r"(self_attn\.(to_q|to_k|to_v|to_out)|mlp\.\w+)$")
 GEN_LEAF = re.compile(_LAYER + r"(self_attn\.(add_q_proj|add_k_proj|add_v_proj|to_add_out)|mlp_moe_gen\.\w+)$")
@@ -553,49 +549,14 @@ def log_row(backend: str, row: dict[str, Any]) -> None:
                 row["actions"])
 
 
-def measure_matmul(device: str, size: int, warmup: int = 3, repeats: int = 10) -> dict[str, Any]:
-    """bf16 ``size^3`` matmul rate on ``device``: median of ``repeats`` after ``warmup`` (the peak that
-    the backends' FLOP rates are compared with)."""
-    torch.manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    times = []
-    for i in range(warmup + repeats):
-        if device == "cuda":
-            start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start_ev.record()
-            torch.matmul(a, b)
-            end_ev.record()
-            end_ev.synchronize()
-            seconds = start_ev.elapsed_time(end_ev) / 1e3
-        else:
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            seconds = time.perf_counter() - start
-        if i >= warmup:
-            times.append(seconds)
-    del a, b
-    release_gpu()
-    median = statistics.median(times)
-    return {"size": size, "dtype": "bfloat16", "median_s": median, "times_s": times,
-            "tflops": 2 * size**3 / median / 1e12}
-
-
 # ---------------------------------------------------------------------------------------------- FLOPs
-
-
-def _attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
-                     **kwargs: Any) -> int:
-    """QK^T and PV of one SDPA call, ``[b, h, s, d]`` layout; any number of KV heads (GQA)."""
-    b, h, s_q, d = query_shape
-    return 2 * b * h * s_q * key_shape[-2] * (d + value_shape[-1])
 
 
 def count_flops(call: Callable[[], Any]) -> dict[str, int]:
     """FLOPs of ``call`` per module (``Global`` = all), as counted by torch's FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False, depth=None, custom_mapping=dict.fromkeys(ATTENTION_OPS, _attention_flops)) \
+    with FlopCounterMode(display=False, depth=None, custom_mapping=attention_flop_formulas()) \
             as counter:
         call()
     return {module: int(sum(ops.values())) for module, ops in counter.get_flop_counts().items()}
@@ -1026,7 +987,8 @@ def main(argv: list[str] | None = None) -> int:
     name = f"Cosmos3 {args.preset} (random weights)" if args.preset else model_dir.name
     data["model"] = {"path": model_dir, "name": name, **model_info}
     report.save()
-    data["matmul"] = measure_matmul(args.device, args.matmul_size)
+    data["matmul"] = measure_matmul(args.device, torch.bfloat16, args.matmul_size)
+    release_gpu()
     logger.info("bf16 matmul %d^3: %.1f TFLOP/s", args.matmul_size, data["matmul"]["tflops"])
     report.save()
 

@@ -93,6 +93,7 @@ from typing import Any
 import torch
 
 from rlinf_cosmos3.config.sft import DEFAULT_MAX_TOKENS_PER_PACK
+from rlinf_cosmos3.tracking.flops import attention_flop_formulas, measure_matmul
 
 logger = logging.getLogger("benchmarks.sft_step")
 
@@ -360,39 +361,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_matmul(
-    device: torch.device, dtype: torch.dtype, size: int, reps: int = 10, warmup: int = 3
-) -> dict[str, Any]:
-    """Median rate of a ``size``^3 ``torch.matmul`` on random data: the MFU denominator."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
-    times = []
-    for i in range(warmup + reps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(a, b)
-            end.record()
-            synchronize(device)
-            elapsed = start.elapsed_time(end) / 1e3
-        else:
-            torch.matmul(a, b)
-            elapsed = time.perf_counter() - t0
-        if i >= warmup:
-            times.append(elapsed)
-    median = statistics.median(times)
-    del a, b
-    return {
-        "size": size,
-        "dtype": str(dtype).removeprefix("torch."),
-        "median_s": median,
-        "flops_per_s": 2.0 * size**3 / median,
-    }
-
-
 def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
@@ -407,49 +375,6 @@ def free_memory(device: torch.device) -> None:
 # --------------------------------------------------------------------------------------------
 # FLOP counting
 # --------------------------------------------------------------------------------------------
-
-
-def _expand_kv(query_shape: Sequence[int], kv_shape: Sequence[int]) -> tuple[int, ...]:
-    """GQA: count attention as if the key/value heads were repeated to the query heads."""
-    b, _, s, d = kv_shape
-    return (b, query_shape[1], s, d)
-
-
-def _sdpa_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(
-        query_shape, _expand_kv(query_shape, key_shape), _expand_kv(query_shape, value_shape)
-    )
-
-
-def _sdpa_backward_flops(
-    grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
-) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(
-        grad_out_shape, query_shape, _expand_kv(query_shape, key_shape), _expand_kv(query_shape, value_shape)
-    )
-
-
-def attention_flop_formulas() -> dict[Any, Callable[..., int]]:
-    """FlopCounterMode's SDPA formulas reject GQA (8 key/value heads vs 32 query heads) and do not
-    know the CPU flash kernel; these count both."""
-    aten = torch.ops.aten
-    forward = [
-        aten._scaled_dot_product_flash_attention,
-        aten._scaled_dot_product_efficient_attention,
-        aten._scaled_dot_product_cudnn_attention,
-        aten._scaled_dot_product_flash_attention_for_cpu,
-    ]
-    backward = [
-        aten._scaled_dot_product_flash_attention_backward,
-        aten._scaled_dot_product_efficient_attention_backward,
-        aten._scaled_dot_product_cudnn_attention_backward,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    ]
-    return {**dict.fromkeys(forward, _sdpa_forward_flops), **dict.fromkeys(backward, _sdpa_backward_flops)}
 
 
 # --------------------------------------------------------------------------------------------

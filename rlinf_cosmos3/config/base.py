@@ -17,6 +17,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 T = TypeVar("T")
 
+PRECISIONS = ("bf16", "fp32")
+"""Compute precisions by name (training, serving, embedded inference); the torch dtypes are
+``models.cosmos3.parallelize.PRECISIONS``."""
+
 
 class ConfigError(ValueError):
     """An invalid config value: says which field, what is wrong, and how to fix it."""

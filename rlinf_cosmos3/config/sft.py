@@ -18,7 +18,7 @@ from rlinf_cosmos3.actions.gripper import gripper_range_problem
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.cluster.config import ClusterConfig
-from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
+from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, load_structured, require, require_path
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
 from rlinf_cosmos3.data.config import LiberoDataConfig
 from rlinf_cosmos3.models.cosmos3.components import missing_components
@@ -31,7 +31,6 @@ ATTENTION_BACKENDS = ("auto", "flex", "loop")
 CAPTION_STYLES = ("diffusers", "cosmos_framework")
 """= ``rlinf_cosmos3.models.cosmos3.captions.CAPTION_STYLES`` (configs do not import models); a test checks it."""
 
-SUPPORTED_PRECISIONS = ("bf16", "fp32")
 SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
 """= ``rlinf_cosmos3.models.cosmos3.configuration.SIGMA_DISTRIBUTIONS`` (configs do not import models); a test checks it."""
 
@@ -238,8 +237,8 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
         f"use a multiple of {per_step}, e.g. actor.global_batch_size={max(per_step, actor.global_batch_size // per_step * per_step)}",
     )
 
-    require(model.precision in SUPPORTED_PRECISIONS, "actor.model.precision",
-            f"unknown precision '{model.precision}'", f"use one of {list(SUPPORTED_PRECISIONS)}")
+    require(model.precision in PRECISIONS, "actor.model.precision",
+            f"unknown precision '{model.precision}'", f"use one of {list(PRECISIONS)}")
     require(0.0 < model.ema_rate, "actor.model.ema_rate", f"must be > 0, got {model.ema_rate}")
     # Measured on an H200 (docs/benchmarks.md): compiled blocks under diffusers' activation checkpointing
     # with FSDP2 fail in the first backward (torch.utils.checkpoint.CheckpointError: recomputed tensors

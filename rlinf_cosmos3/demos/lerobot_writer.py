@@ -26,16 +26,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlinf_cosmos3.actions import libero_command_to_dataset_gripper
+from rlinf_cosmos3.data.config import ACTION_KEY, MAIN_IMAGE_KEY, STATE_KEY, WRIST_IMAGE_KEY
 from rlinf_cosmos3.procgroup import keep_scheduling
 
 logger = logging.getLogger(__name__)
 
 FPS = 20
 IMAGE_SIZE = 256
-MAIN_IMAGE_KEY = "observation.images.image"
-WRIST_IMAGE_KEY = "observation.images.wrist_image"
-STATE_KEY = "observation.state"
-ACTION_KEY = "action"
 STATE_NAMES = ["eef_x", "eef_y", "eef_z", "eef_axis_angle_x", "eef_axis_angle_y", "eef_axis_angle_z",
                "gripper_qpos_left", "gripper_qpos_right"]
 ACTION_NAMES = ["dx", "dy", "dz", "d_axis_angle_x", "d_axis_angle_y", "d_axis_angle_z", "gripper_open"]

@@ -29,11 +29,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from rlinf_cosmos3.config.base import PRECISIONS as PRECISION_NAMES
 from rlinf_cosmos3.models.cosmos3.packed_attention import checkpoint_in_packed_layout
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+PRECISIONS: dict[str, torch.dtype] = dict(zip(PRECISION_NAMES, (torch.bfloat16, torch.float32), strict=True))
+"""Each of ``config.base.PRECISIONS``, by name, as the torch dtype it means."""
 
 
 def precision_dtype(precision: str) -> torch.dtype:

@@ -22,7 +22,7 @@ from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, GRIPPER_CONVENTIONS,
 from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
 from rlinf_cosmos3.actions.rotation import ROT6D_DECODES
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
-from rlinf_cosmos3.config.base import ConfigError, require, require_path
+from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, require, require_path
 from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.components import missing_components
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, NUM_INFERENCE_STEPS, get_action_domain
@@ -45,7 +45,6 @@ ENV_ACTION_DIM = 7
 """LIBERO's command width: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
 RESPONSE_FORMATS = ("raw", "envelope")
 ENCODINGS = ("msgpack", "json")
-PRECISIONS = ("bf16", "fp32")
 # The VAE compresses time 4x; the action endpoint requires (num_frames - 1) % 4 == 0.
 TEMPORAL_COMPRESSION = 4
 # Spatial VAE factor (16) times the patch size (2) of Cosmos3's DiT.
