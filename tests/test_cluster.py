@@ -461,3 +461,78 @@ def test_sigterm_to_the_driver_stops_the_ray_it_started(short_tmp: Path) -> None
                 proc.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+SIGKILL_DRIVER = """
+import subprocess, sys, time
+import ray
+from rlinf_cosmos3.cluster import Cluster, ClusterConfig
+
+@ray.remote(num_cpus=0)
+class Idle:
+    def ping(self):
+        return "pong"
+
+with Cluster(ClusterConfig(num_cpus=1, num_gpus=0, object_store_memory_mb=100, temp_dir=sys.argv[1])):
+    actor = Idle.remote()
+    assert ray.get(actor.ping.remote()) == "pong"
+    # What servers and evaluations are: a process in a session of its own, which no signal to the
+    # driver's group reaches and which nothing else would stop.
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print("ready", server.pid, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_driver_killed_outright_leaves_no_ray_behind(short_tmp: Path) -> None:
+    """SIGKILL (the out-of-memory killer, ``kill -9``) runs nothing in the driver: Ray's own processes notice,
+    but a process the driver started in a session of its own (an SGLang server, an online evaluation) would
+    run on, holding its GPU. The reaper the Cluster started stops everything the driver started."""
+    import psutil
+
+    from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
+
+    driver = subprocess.Popen([sys.executable, "-c", SIGKILL_DRIVER, str(short_tmp / "ray")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+
+    def started_by_driver() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get(DRIVER_ENV, "").startswith(f"{driver.pid}:") and \
+                        proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    procs: list[psutil.Process] = []
+    try:
+        assert driver.stdout is not None
+        output = []
+        for line in driver.stdout:
+            if line.startswith("ready"):
+                server = psutil.Process(int(line.split()[1]))
+                break
+            output.append(line)
+        else:
+            pytest.fail(f"the driver exited before Ray was up (rc {driver.wait()}): {''.join(output)[-2000:]}")
+        procs = started_by_driver()
+        assert server in procs
+        names = " ".join(" ".join(p.cmdline()) for p in procs)
+        assert "gcs_server" in names and "raylet" in names and "reaper" in names, names
+        driver.kill()
+        assert driver.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while (left := [p for p in started_by_driver()]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, "left running after the driver's SIGKILL: " + "; ".join(
+            f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in left if p.is_running())
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -102,5 +102,7 @@ def test_sft_evaluates_its_checkpoints_and_survives_a_killed_evaluation(recorded
     assert not (eval_root / "step_4" / "model").exists() and not (eval_root / "step_2" / "model").exists()
     ckpts = tmp_path / "ckpts" / "libero_sft_cosmos3_tiny" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["global_step_2", "global_step_4"]
-    time.sleep(2)
-    assert not _tagged(str(eval_root)), "an evaluation left processes running"
+    deadline = time.monotonic() + 30  # the evaluations' reapers finish their sweeps
+    while (left := _tagged(str(eval_root))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "an evaluation left processes running: " + "; ".join(" ".join(p.cmdline())[:120] for p in left)

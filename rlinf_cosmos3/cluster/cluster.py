@@ -1,8 +1,8 @@
 """Start or join Ray, report what it offers, and shut down only what we started.
 
-A run either owns a private local Ray (``address: null``; stopped on exit, also via atexit) or
-joins a running cluster (``auto`` / ``ip:port``), which only disconnects on exit so the cluster
-and other jobs on it keep running. Worker actors and placement groups a run creates belong to
+A run either owns a private local Ray (``address: null``; stopped on exit, also via atexit, and by
+:mod:`~rlinf_cosmos3.cluster.reaper` when the driver is killed outright) or joins a running cluster
+(``auto`` / ``ip:port``), which only disconnects on exit so the cluster and other jobs on it keep running. Worker actors and placement groups a run creates belong to
 its driver; Ray frees them when the driver disconnects, and WorkerGroup also removes them itself.
 """
 
@@ -13,13 +13,17 @@ import logging
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
+import uuid
 from dataclasses import dataclass, field
 from types import TracebackType
 
 import ray
 
 from rlinf_cosmos3.cluster.config import ClusterConfig
+from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
 from rlinf_cosmos3.cluster.worker import RANK_TAG_PATTERN
 
 logger = logging.getLogger(__name__)
@@ -128,6 +132,8 @@ class Cluster:
         self.config = (config or ClusterConfig()).validate()
         self._owns_ray = False
         self._connected = False
+        self._reaper: subprocess.Popen | None = None
+        self._previous_token: str | None = None
         if ray.is_initialized():
             # Someone (a notebook, a test harness) already connected this process; reuse it and
             # leave its lifetime to them.
@@ -137,7 +143,12 @@ class Cluster:
                 # Ray's 10 s default for the raylet to register is too short on a small, busy machine
                 # (2 cores running simulators): give a local start more time unless the user chose.
                 os.environ.setdefault("RAY_raylet_start_wait_time_s", str(LOCAL_START_WAIT_S))
-            ray.init(**self._init_kwargs())
+                self._start_reaper()  # before Ray: its processes inherit the token
+            try:
+                ray.init(**self._init_kwargs())
+            except BaseException:
+                self._stop_reaper()
+                raise
             self._owns_ray = self.config.address is None
             self._connected = True
             if self._owns_ray:
@@ -147,6 +158,30 @@ class Cluster:
             _never_dedup_rank_lines()
         how = "started locally" if self._owns_ray else f"joined at {self.config.address or 'existing connection'}"
         logger.info("Ray %s (namespace %s): %s", how, ray.get_runtime_context().namespace, self.resources())
+
+    def _start_reaper(self) -> None:
+        """Tag everything started from now on and have :mod:`~rlinf_cosmos3.cluster.reaper` stop it should this
+        process be killed outright (then nothing of ours runs: no atexit, no signal handler)."""
+        self._previous_token = os.environ.get(DRIVER_ENV)
+        token = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        os.environ[DRIVER_ENV] = token
+        self._reaper = subprocess.Popen([sys.executable, "-m", "rlinf_cosmos3.cluster.reaper", str(os.getpid()), token],
+                                        start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def _stop_reaper(self) -> None:
+        reaper, self._reaper = self._reaper, None
+        if reaper is None:
+            return
+        reaper.terminate()
+        try:
+            reaper.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+            reaper.wait()
+        if self._previous_token is None:
+            os.environ.pop(DRIVER_ENV, None)
+        else:
+            os.environ[DRIVER_ENV] = self._previous_token
 
     def _init_kwargs(self) -> dict:
         cfg = self.config
@@ -180,6 +215,7 @@ class Cluster:
             atexit.unregister(self.shutdown)
         if ray.is_initialized():
             ray.shutdown()
+        self._stop_reaper()
         logger.info("Ray %s", "stopped" if self._owns_ray else "disconnected (cluster left running)")
 
     def __enter__(self) -> Cluster:

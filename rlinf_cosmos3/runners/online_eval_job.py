@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +33,7 @@ logger = logging.getLogger("rlinf_cosmos3.online_eval")
 
 EVAL_CONFIG_DIR = REPO_ROOT / "evaluations" / "libero"
 CONVERSION_FAILED = 3
+PARENT_POLL_S = 1.0
 MODEL_DIR = "model"
 
 
@@ -68,11 +73,26 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _follow_parent() -> None:
+    """SIGTERM this process once the SFT driver that started it is gone (an evaluation nobody reads is
+    stopped through its normal cleanup: servers, simulators, Ray)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        logger.warning("the SFT driver (pid %d) is gone: stopping this evaluation", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
 def run(args: argparse.Namespace) -> int:
     """Convert ``--checkpoint`` and evaluate it; the converted model is removed afterwards."""
     from rlinf_cosmos3.checkpoint.export import export_diffusers
     from rlinf_cosmos3.runners.eval_runner import run_eval
 
+    _follow_parent()
     work = Path(args.work)
     model = work / MODEL_DIR
     try:

@@ -4,7 +4,8 @@ Servers run in their own sessions, so nothing else would stop them when the driv
 Handlers are installed once, only from the main thread (Python's rule for ``signal.signal``),
 and chain to whatever handler was there before: after the groups are closed, SIGINT still raises
 KeyboardInterrupt and SIGTERM still ends the process. A driver killed with SIGKILL cannot run
-anything; its servers must then be stopped by hand (their process groups are logged at launch).
+anything; its servers are then stopped by the reaper its Cluster started
+(:mod:`rlinf_cosmos3.cluster.reaper`; their process groups are also logged at launch).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def close_all() -> None:
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    logger.warning("signal %s: stopping %d rollout server group(s)", signal.Signals(signum).name, len(_live))
+    logger.warning("signal %s: stopping %d process group(s) (rollout servers, online evaluations)",
+                   signal.Signals(signum).name, len(_live))
     close_all()
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
