@@ -5,8 +5,8 @@ whose episodes were defined differently before Ray starts, reading a torn result
 errored episodes, and only rewriting the summary when nothing is missing.
 
 End to end (slow): the real simulator and the embedded backend on CPU. An uninterrupted eval, then
-an identical one killed with SIGKILL part way, then that one resumed: same counts, each (task, trial)
-once, and the same per-episode outcome. Per episode the outcome does not depend on which episodes
+an identical one through ``run_eval.sh`` killed with SIGKILL part way (leaving nothing running), then
+that one resumed: same counts, each (task, trial) once, and the same per-episode outcome. Per episode the outcome does not depend on which episodes
 share the process: the simulator is rebuilt with ``env.eval.seed`` and reset to the fixed init state,
 and every embedded request carries ``rollout.model.seed`` (observation ``i`` of a request draws with
 ``seed + i``); with one env per stage (here one env in all), each request holds one observation, so the resumed
@@ -137,36 +137,86 @@ E2E = ("rollout.rollout_backend=embedded", "env.eval.total_num_envs=1", "rollout
 """The tiny YAML's 2 episodes (task 0, init states 0 and 1), one chunk each, in turn on one env, so each
 request holds one observation and an episode draws the same noise whichever episodes share the run."""
 COUNTS = ("num_trajectories", "success_once", "success_at_end", "num_errors", "env_steps", "per_task", "step_cap")
+E2E_EPISODES = [(0, 0), (0, 1), (0, 2), (0, 3)]
+E2E_KILL = (*E2E, "env.eval.init_state_ids=[0,1,2,3]", "env.eval.max_episode_steps=42")
+"""Four episodes of two chunks each, so that a kill after the first episode leaves some to run."""
 
 
-def _outcomes(run: Path) -> dict[tuple[int, int], tuple]:
+def _outcomes(run: Path, episodes: list[tuple[int, int]]) -> dict[tuple[int, int], tuple]:
     rows = [json.loads(line) for line in (run / RESULTS_FILE).read_text().splitlines()]
     keys = [(r["task_id"], r["trial_id"]) for r in rows]
-    assert sorted(keys) == [(0, 0), (0, 1)], keys  # each episode exactly once
+    assert sorted(keys) == episodes, keys  # each episode exactly once
     return {(r["task_id"], r["trial_id"]): (r["success_once"], r["success_at_end"], r["steps"], r["error"])
             for r in rows}
 
 
+def _complete_rows(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a row the kill cut off: the resumed run drops it too
+            continue
+    return rows
+
+
+def _started_by(pid: int) -> list:
+    """Live processes a driver started (its Cluster's ``DRIVER_ENV`` tag)."""
+    import psutil
+
+    from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(DRIVER_ENV, "").startswith(f"{pid}:") and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.libero
-def test_a_run_cut_after_one_episode_and_resumed_matches_the_uninterrupted_run(inputs, tmp_path) -> None:
-    """What a kill leaves (results.jsonl is fsynced per episode: the finished episodes and a torn line) is
-    made from an uninterrupted run's own files; the resumed run runs only the missing episode with Ray and
-    the real simulator and ends with the uninterrupted run's counts and per-episode outcomes."""
+def test_a_run_killed_with_sigkill_and_resumed_matches_the_uninterrupted_run(inputs, tmp_path) -> None:
+    """An uninterrupted run; the same run through run_eval.sh, SIGKILLed once its first episode is written
+    (nothing of it may keep running); that run resumed: the uninterrupted run's counts and per-episode
+    outcomes, each episode exactly once."""
+    import signal
+    import subprocess
+    import time
+
     from rlinf_cosmos3.runners.eval_runner import run_eval
 
     with nothing_left_running():
-        assert run_eval(_raw(inputs, tmp_path / "full", *E2E), "x") == 0
+        assert run_eval(_raw(inputs, tmp_path / "full", *E2E_KILL), "x") == 0
     (full,) = (tmp_path / "full").iterdir()
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    (cut / "config.yaml").write_text((full / "config.yaml").read_text())
-    first, second = (full / RESULTS_FILE).read_text().splitlines()
-    (cut / RESULTS_FILE).write_text(first + "\n" + second[: len(second) // 2])  # episode 2 torn by the kill
+
+    proc = subprocess.Popen(["bash", str(REPO / "evaluations/run_eval.sh"), "libero", TINY,
+                             *_overrides(inputs, tmp_path / "killed", *E2E_KILL)],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        rows = [f.read_text() for f in (tmp_path / "killed").glob(f"*/{RESULTS_FILE}")]
+        if rows and rows[0].count("\n") >= 1:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while (left := _started_by(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "left running by the killed eval: " + "; ".join(" ".join(p.cmdline())[:100] for p in left)
+    (killed,) = (tmp_path / "killed").iterdir()
+    kept = len(_complete_rows(killed / RESULTS_FILE))
+    assert 1 <= kept < len(E2E_EPISODES), kept
+
     with nothing_left_running():
-        assert run_eval(_raw(inputs, tmp_path / "unused", *E2E, f"runner.resume_dir={cut}"), "x") == 0
+        assert run_eval(_raw(inputs, tmp_path / "unused", *E2E_KILL, f"runner.resume_dir={killed}"), "x") == 0
     assert not (tmp_path / "unused").exists()  # the resumed run writes into the run it finishes
-    assert "1 episodes kept, 1 to run" in (cut / "eval_embodiment.log").read_text()
-    assert _outcomes(cut) == _outcomes(full)
-    a, b = (json.loads((run / "summary.json").read_text()) for run in (full, cut))
-    assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS} and b["resumed_episodes"] == 1
+    log = (killed / "eval_embodiment.log").read_text()
+    assert f"{kept} episodes kept, {len(E2E_EPISODES) - kept} to run" in log
+    assert _outcomes(killed, E2E_EPISODES) == _outcomes(full, E2E_EPISODES)
+    a, b = (json.loads((run / "summary.json").read_text()) for run in (full, killed))
+    assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS} and b["resumed_episodes"] == kept
