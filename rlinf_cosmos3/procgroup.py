@@ -6,8 +6,9 @@ Stdlib only: the simulator side imports the package too.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 def group_alive(pgid: int) -> bool:
@@ -19,6 +20,25 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def processes_with_env(name: str, accept: Callable[[str], bool]) -> list[Any]:
+    """Live processes (zombies do not count, nor this one) whose environment holds ``name`` with a value
+    ``accept`` takes: how a tag every child inherits finds what a run left, whatever its process group
+    or parent. psutil ``Process`` objects (imported here: the simulator side never calls this)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            value = proc.environ().get(name)
+            if value is not None and accept(value) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # gone meanwhile, or another user's
+            continue
+    return found
 
 
 @contextmanager

@@ -491,20 +491,13 @@ def test_a_driver_killed_outright_leaves_no_ray_behind(short_tmp: Path) -> None:
     import psutil
 
     from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
+    from rlinf_cosmos3.procgroup import processes_with_env
 
     driver = subprocess.Popen([sys.executable, "-c", SIGKILL_DRIVER, str(short_tmp / "ray")], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
 
     def started_by_driver() -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get(DRIVER_ENV, "").startswith(f"{driver.pid}:") and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
+        return processes_with_env(DRIVER_ENV, lambda value: value.startswith(f"{driver.pid}:"))
 
     procs: list[psutil.Process] = []
     try:

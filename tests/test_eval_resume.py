@@ -162,18 +162,10 @@ def _complete_rows(path: Path) -> list[dict]:
 
 def _started_by(pid: int) -> list:
     """Live processes a driver started (its Cluster's ``DRIVER_ENV`` tag)."""
-    import psutil
-
     from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
+    from rlinf_cosmos3.procgroup import processes_with_env
 
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(DRIVER_ENV, "").startswith(f"{pid}:") and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_with_env(DRIVER_ENV, lambda value: value.startswith(f"{pid}:"))
 
 
 @pytest.mark.slow

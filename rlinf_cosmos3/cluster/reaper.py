@@ -13,12 +13,13 @@ shuts down normally stops the reaper first (nothing is left to stop then)::
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
 
 import psutil
+
+from rlinf_cosmos3.procgroup import processes_with_env
 
 DRIVER_ENV = "RLINF_COSMOS3_DRIVER"
 POLL_S = 0.5
@@ -27,16 +28,7 @@ GRACE_S = 5.0
 
 def tagged(token: str) -> list[psutil.Process]:
     """Live processes (other than this one) whose environment holds ``DRIVER_ENV=token``."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(DRIVER_ENV) == token:
-                found.append(proc)
-        except psutil.Error:  # gone meanwhile, or another user's
-            continue
-    return found
+    return processes_with_env(DRIVER_ENV, token.__eq__)
 
 
 def sweep(token: str, grace_s: float = GRACE_S) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from rlinf_cosmos3.procgroup import group_alive
+from rlinf_cosmos3.procgroup import group_alive, processes_with_env
 from rlinf_cosmos3.workers.rollout.http_client import HEALTH_PATH
 from rlinf_cosmos3.workers.rollout.ports import PortBlock, reserve_port_block
 
@@ -40,17 +40,9 @@ PORT_RACE_MARKER = "--strict-ports is enabled"
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes (zombies do not count) started for the server group ``tag``: each carries
-    ``TAG_ENV=<tag>:rank<i>`` in its environment, children of the server included -- how a check
-    finds every process a group left, whatever its process group or parent."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(TAG_ENV, "").startswith(f"{tag}:"):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+    """Live processes started for the server group ``tag``: each carries ``TAG_ENV=<tag>:rank<i>`` in its
+    environment, children of the server included."""
+    return processes_with_env(TAG_ENV, lambda value: value.startswith(f"{tag}:"))
 
 
 class ServerStartError(RuntimeError):
