@@ -6,6 +6,9 @@ Stdlib only: the simulator side imports the package too.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +23,35 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float = 10.0) -> bool:
+    """Stop the process group that ``proc`` leads (started with ``start_new_session``): SIGTERM, up to
+    ``grace_s`` for the whole group to exit, then SIGKILL and up to ``kill_wait_s`` more; ``proc`` is
+    reaped either way. Returns whether SIGKILL was needed. Children that left the group are not
+    reached here (the cluster reaper finds them by their environment tag)."""
+    pgid = proc.pid  # a session leader: pgid == pid
+    killed = False
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        proc.poll()  # reap the leader so that it stops counting as a member
+        if not group_alive(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        killed = sig == signal.SIGKILL
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not group_alive(pgid):
+                break
+            time.sleep(0.1)
+    try:
+        proc.wait(timeout=kill_wait_s)
+    except subprocess.TimeoutExpired:
+        pass  # unkillable (D state): the caller logs proc.returncode None
+    return killed
 
 
 def processes_with_env(name: str, accept: Callable[[str], bool]) -> list[Any]:

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.models.cosmos3.identity import ModelIdentity
 from rlinf_cosmos3.paths import REPO_ROOT
-from rlinf_cosmos3.procgroup import group_alive
+from rlinf_cosmos3.procgroup import stop_group
 from rlinf_cosmos3.runners.online_eval_job import MODEL_DIR
 from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.workers.rollout import cleanup
@@ -197,19 +196,7 @@ class OnlineEvaluator:
 
     def _stop(self, job: _Job) -> None:
         """SIGTERM the job's process group (its Ray and simulators stop with it), SIGKILL what remains."""
-        pgid = job.proc.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not group_alive(pgid):
-                break
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + STOP_GRACE_S
-            while group_alive(pgid) and time.monotonic() < deadline:
-                job.proc.poll()
-                time.sleep(0.2)
-        job.proc.wait()
+        stop_group(job.proc, STOP_GRACE_S, kill_wait_s=STOP_GRACE_S)
 
     def close(self) -> None:
         """Stop a running evaluation (training failed or was interrupted); idempotent."""

@@ -17,7 +17,6 @@ import atexit
 import logging
 import os
 import select
-import signal
 import subprocess
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3 import paths
-from rlinf_cosmos3.procgroup import group_alive
+from rlinf_cosmos3.procgroup import stop_group
 from rlinf_cosmos3.sim.protocol import (
     PREFIX_SIZE,
     Message,
@@ -289,19 +288,7 @@ class LiberoSimProcess:
         self._closed = True
         with _LIVE_LOCK:
             _LIVE.discard(self)
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-            if self._proc.poll() is not None and not group_alive(self._proc.pid):
-                break
-            try:
-                os.killpg(self._proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self._proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-            if not group_alive(self._proc.pid):
-                break
+        stop_group(self._proc, grace_s, kill_wait_s=grace_s)
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 try:

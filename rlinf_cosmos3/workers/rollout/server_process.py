@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import threading
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from rlinf_cosmos3.procgroup import group_alive, processes_with_env
+from rlinf_cosmos3.procgroup import processes_with_env, stop_group
 from rlinf_cosmos3.workers.rollout.http_client import HEALTH_PATH
 from rlinf_cosmos3.workers.rollout.ports import PortBlock, reserve_port_block
 
@@ -194,31 +193,14 @@ class SGLangServerProcess:
     def _stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:
-            pgid = proc.pid  # the leader of its own session: pgid == pid
-            if group_alive(pgid):
-                _signal_group(pgid, signal.SIGTERM)
-                deadline = time.monotonic() + self.spec.stop_timeout_s
-                while group_alive(pgid) and time.monotonic() < deadline:
-                    proc.poll()  # reap the leader so it stops counting as a member
-                    time.sleep(0.1)
-                if group_alive(pgid):
-                    logger.warning("sglang server rank %d: group %d ignored SIGTERM; killing it", self.rank, pgid)
-                    _signal_group(pgid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            if stop_group(proc, self.spec.stop_timeout_s):
+                logger.warning("sglang server rank %d: group %d ignored SIGTERM for %.0f s; killed it",
+                               self.rank, proc.pid, self.spec.stop_timeout_s)
+            if proc.returncode is None:
                 logger.error("sglang server rank %d: pid %d did not exit after SIGKILL", self.rank, proc.pid)
-            deadline = time.monotonic() + 10
-            while group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)  # forked children reparented to init are reaped there
             logger.info("sglang server rank %d stopped (pid %d, exit code %s)", self.rank, proc.pid, proc.returncode)
         if self.ports is not None:
             self.ports.release()
 
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
