@@ -9,8 +9,8 @@
 #   train    bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small (latent cache in $WORK/latents)
 #   convert  toolkits/cosmos3/convert_checkpoint.py on the last checkpoint (EMA weights, bf16)
 #   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
-#            16 real LIBERO envs; init states 0..49 with policy seed 42, then the held-out states again with
-#            each seed of $LP_EXTRA_SEEDS
+#            16 real LIBERO envs; init states 0..49 with policy seed 42, then init states $LP_EXTRA_STATES
+#            (default: the held-out ones) again with each seed of $LP_EXTRA_SEEDS
 #   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
 #            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4
@@ -25,7 +25,8 @@
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
 #   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
 #   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
-#   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
+#   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EXTRA_STATES (the init states evaluated again with each extra
+#   seed; default LP_HELD_OUT, e.g. 0-49 for both groups)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
 #   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_RECORD_ARGS (extra record_demos.py flags, e.g.
 #   "--action-noise 0.1 --recorded-action clean": perturbed demonstrations with corrective labels)
 set -euo pipefail
@@ -125,7 +126,7 @@ run_eval() {  # run_eval NAME SEED STATES
 }
 if phase eval; then
   run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}"
-  for seed in $EXTRA_SEEDS; do run_eval "held_out_seed$seed" "$seed" "$HELD_OUT"; done
+  for seed in $EXTRA_SEEDS; do run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-$HELD_OUT}"; done
 fi
 
 if phase report; then
@@ -135,9 +136,9 @@ if phase report; then
   if [ -n "$first" ]; then
     groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
   fi
-  for seed in $EXTRA_SEEDS; do
-    run=$(latest "$LOGS/eval_held_out_seed$seed")
-    [ -n "$run" ] && groups+=(--group held_out "$run")
+  for seed in $EXTRA_SEEDS; do  # each group takes the states of its own kind that the run evaluated
+    run=$(latest "$LOGS/eval_extra_seed$seed")
+    [ -n "$run" ] && groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
   done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report.json" "${groups[@]}"
   # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
