@@ -20,8 +20,14 @@ from PIL import Image
 
 from rlinf_cosmos3.config.sft import DEFAULT_MAX_TOKENS_PER_PACK as CONFIG_DEFAULT
 from rlinf_cosmos3.models.cosmos3.configuration import DEFAULT_MAX_TOKENS_PER_PACK
+from rlinf_cosmos3.models.cosmos3.flow_matching import draw_noise
 from rlinf_cosmos3.models.cosmos3.packed_attention import PackedDocumentAttnProcessor, packed_processor_of
-from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout, pack_transformer_inputs, split_into_packs
+from rlinf_cosmos3.models.cosmos3.packing import (
+    DocumentLayout,
+    merge_items,
+    pack_transformer_inputs,
+    split_into_packs,
+)
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy, EncodedSample, PolicyConfig
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 
@@ -120,8 +126,8 @@ def test_one_packed_call_gives_the_per_sample_losses_and_gradients(
 
 def test_caption_dropout_is_exercised(policy: Cosmos3Policy, encoded: list[EncodedSample]) -> None:
     """With these seeds some samples train on the unconditional prompt (a different text length)."""
-    noisy = [policy._noisy_sample(s, g) for s, g in zip(encoded, _generators(), strict=True)]
-    dropped = [n.input_ids == s.uncond_input_ids for n, s in zip(noisy, encoded, strict=True)]
+    draws = [draw_noise(policy.cfg, s, g) for s, g in zip(encoded, _generators(), strict=True)]
+    dropped = [d.dropped for d in draws]
     assert any(dropped) and not all(dropped)
 
 
@@ -233,3 +239,33 @@ def test_prompt_ids_are_tokenized_once(policy: Cosmos3Policy) -> None:
     assert policy.processor.prompt_ids("put the mug on the plate") is first
     ids, uncond = first
     assert ids != uncond and len(ids) > len(uncond)
+
+
+def test_merged_items_give_the_per_item_outputs(policy: Cosmos3Policy, encoded: list[EncodedSample]) -> None:
+    """Samples as ONE vision and ONE action item (frames / tokens concatenated, noisy indexes shifted) give
+    what one item per sample gives, also for samples with different numbers of latent frames."""
+    samples = [encoded[0], dataclasses.replace(encoded[1], x0_vision=encoded[1].x0_vision[:, :, :3],
+                                               vision_frame_valid=encoded[1].vision_frame_valid[:3]), encoded[2]]
+    items = [policy.transformer_inputs(s.input_ids, s.x0_vision, s.x0_action, 300.0 + 100 * i)
+             for i, s in enumerate(samples)]
+    per_item, layout = pack_transformer_inputs(items)
+    merged = {**per_item, **merge_items(items),
+              "vision_tokens": [torch.cat([s.x0_vision for s in samples], dim=2)],
+              "action_tokens": [torch.cat([s.x0_action for s in samples])]}
+    assert merged["vision_token_shapes"] == [(5 + 3 + 5, 6, 10)]
+    assert merged["vision_noisy_frame_indexes"][0].tolist() == [1, 2, 3, 4, 6, 7, 9, 10, 11, 12]
+    with torch.no_grad(), policy.attention.packed(layout):
+        vision, _, action = policy.transformer(**per_item, return_dict=False)
+        (vision_m,), _, (action_m,) = policy.transformer(**merged, return_dict=False)
+    assert len(vision) == 3 and vision_m.shape[2] == 13
+    assert torch.allclose(torch.cat(vision, dim=2), vision_m, atol=1e-6)
+    assert torch.allclose(torch.cat(action), action_m, atol=1e-6)
+    assert float(vision_m.abs().sum()) > 0
+
+
+def test_merging_refuses_samples_of_different_patch_grids(policy: Cosmos3Policy, encoded: list[EncodedSample]) -> None:
+    small = encoded[1].x0_vision[..., :8, :16]
+    items = [policy.transformer_inputs(encoded[0].input_ids, encoded[0].x0_vision, encoded[0].x0_action, 500.0),
+             policy.transformer_inputs(encoded[1].input_ids, small, encoded[1].x0_action, 500.0)]
+    with pytest.raises(ValueError, match="patch grids"):
+        merge_items(items)

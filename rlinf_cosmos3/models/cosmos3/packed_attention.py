@@ -9,8 +9,8 @@ embeddings through the attention module's own layers, then masks by document:
 * text tokens of sample i attend causally to sample i's text only;
 * generation tokens of sample i attend to sample i's text and generation tokens only.
 
-Backends: ``flex`` (PyTorch FlexAttention with a document ``BlockMask`` built once per packed call and
-shared by all layers; GPU), ``loop`` (one SDPA call per sample and pathway, the stock processor's own
+Backends: ``flex`` (PyTorch FlexAttention with a document ``BlockMask`` built once per layout, kept
+with it and shared by all layers; GPU), ``loop`` (one SDPA call per sample and pathway, the stock processor's own
 call on each slice; exact, any device). ``auto`` picks ``flex`` on CUDA and ``loop`` elsewhere. With no
 layout set (inference, or a single sample), the stock processor runs unchanged.
 """
@@ -95,7 +95,7 @@ class PackedDocumentAttnProcessor:
         """Within the block, every call attends within the documents of ``layout``."""
         if self.layout is not None:
             raise RuntimeError("a packed layout is already active on this processor")
-        self.layout, self._masks = layout, {}
+        self.layout, self._masks = layout, layout.block_masks
         try:
             yield
         finally:
@@ -148,7 +148,7 @@ class PackedDocumentAttnProcessor:
         """The two document masks of the active layout, built on first use and shared by all layers."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        key = (str(device), id(self.layout))
+        key = (str(device), id(self.layout))  # the layout's own cache: its masks outlive one call
         if key not in self._masks:
             layout = self.layout
             assert layout is not None

@@ -11,6 +11,10 @@ the single-sample inputs the diffusers pipeline helpers build, never by rebuildi
 Every sample keeps its own mRoPE positions (as if it were alone), so with attention kept inside each
 sample (:mod:`rlinf_cosmos3.models.cosmos3.packed_attention`) the packed call computes what B
 single-sample calls compute; only the matrix products see ``sum L_i`` rows instead of ``L_i``.
+
+The model's per-item lists can keep one entry per sample (:func:`pack_transformer_inputs`) or hold the
+whole pack as one vision and one action item (:func:`merge_items`, what training uses): the same
+numbers, but the model's per-item Python loops then run once per pack instead of once per sample.
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ _LIST_KEYS = (
     "action_domain_ids",
 )
 """Per-item lists of the transformer's arguments: concatenated item after item."""
-_CAT_KEYS = ("input_ids", "vision_timesteps", "action_timesteps")
-"""Per-token tensors whose order follows the item order: concatenated."""
+_SHAPE_KEYS = (
+    "vision_token_shapes",
+    "vision_noisy_frame_indexes",
+    "action_token_shapes",
+    "action_noisy_frame_indexes",
+    "action_domain_ids",
+)
+"""The per-item lists that describe items rather than hold their tokens."""
+_TIMESTEP_KEYS = ("vision_timesteps", "action_timesteps")
+"""Per-token timesteps, in item order: concatenated."""
 _GEN_INDEX_KEYS = (
     "vision_sequence_indexes",
     "vision_mse_loss_indexes",
@@ -53,6 +65,9 @@ class DocumentLayout:
     text_lengths: tuple[int, ...]
     gen_lengths: tuple[int, ...]
     _doc_ids: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    block_masks: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    """Attention masks built for this layout, kept with it (the packed processor's cache): a layout that
+    recurs (the same prompts and shapes every step) reuses them."""
 
     def __post_init__(self) -> None:
         if len(self.text_lengths) != len(self.gen_lengths) or not self.text_lengths:
@@ -100,18 +115,17 @@ def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def pack_transformer_inputs(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
-    """Merge single-sample transformer keyword arguments into one packed call and its layout.
-
-    Each item is what :meth:`Cosmos3Policy.transformer_inputs` returns for one sample (text first,
-    then that sample's vision and action tokens). The packed call's outputs are the per-item lists in
-    the same order, so ``preds[i]`` is sample i's prediction.
-    """
+def pack_layout(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
+    """The sequence part of a packed call: text ids, mRoPE positions and every index, re-indexed; and the
+    document layout. ``items`` need only the single-sample sequence keys (tokens, timesteps and the
+    per-item lists are left to the caller: :func:`pack_transformer_inputs`, :func:`merge_items`)."""
     if not items:
         raise ValueError("nothing to pack")
     if len(items) == 1:
         only = items[0]
-        return dict(only), DocumentLayout((only["und_len"],), (only["sequence_length"] - only["und_len"],))
+        keys = ("input_ids", "text_indexes", "position_ids", "und_len", "sequence_length", *_GEN_INDEX_KEYS)
+        return ({key: only[key] for key in keys},
+                DocumentLayout((only["und_len"],), (only["sequence_length"] - only["und_len"],)))
     text_lengths = tuple(int(item["und_len"]) for item in items)
     gen_lengths = tuple(int(item["sequence_length"]) - t for item, t in zip(items, text_lengths, strict=True))
     layout = DocumentLayout(text_lengths, gen_lengths)
@@ -119,12 +133,8 @@ def pack_transformer_inputs(items: Sequence[dict[str, Any]]) -> tuple[dict[str, 
     packed: dict[str, Any] = {
         "und_len": und_len,
         "sequence_length": und_len + layout.gen_len,
+        "input_ids": torch.cat([item["input_ids"] for item in items]),
     }
-    for key in _LIST_KEYS:
-        packed[key] = [entry for item in items for entry in item[key]]
-    for key in _CAT_KEYS:
-        packed[key] = torch.cat([item[key] for item in items])
-
     text_indexes, positions_text, positions_gen = [], [], []
     gen_indexes: dict[str, list[torch.Tensor]] = {key: [] for key in _GEN_INDEX_KEYS}
     for item, (t0, _), (g0, _), length in zip(items, layout.text_spans(), layout.gen_spans(), text_lengths,
@@ -140,6 +150,61 @@ def pack_transformer_inputs(items: Sequence[dict[str, Any]]) -> tuple[dict[str, 
     for key, parts in gen_indexes.items():
         packed[key] = torch.cat(parts)
     return packed, layout
+
+
+def pack_transformer_inputs(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
+    """Merge single-sample transformer keyword arguments into one packed call and its layout.
+
+    Each item is what :meth:`Cosmos3Policy.transformer_inputs` returns for one sample (text first,
+    then that sample's vision and action tokens). The packed call keeps one vision and one action item
+    per sample, so its outputs are per-sample lists in the same order: ``preds[i]`` is sample i's.
+    """
+    packed, layout = pack_layout(items)
+    if len(items) == 1:
+        return dict(items[0]), layout
+    for key in _LIST_KEYS:
+        packed[key] = [entry for item in items for entry in item[key]]
+    for key in _TIMESTEP_KEYS:
+        packed[key] = torch.cat([item[key] for item in items])
+    return packed, layout
+
+
+def merge_items(items: Sequence[dict[str, Any]]) -> dict[str, list]:
+    """The per-item list arguments of several samples as ONE vision item and ONE action item.
+
+    ``Cosmos3OmniTransformer.forward`` patchifies, timestep-embeds and unpatchifies every latent frame on
+    its own and projects every action token on its own, so samples whose latents share ``(C, h, w)``
+    can enter as one vision item whose frames are theirs concatenated along time (and their action
+    tokens as one item), with each sample's noisy frame indexes shifted by the frames before it. The
+    model computes the same numbers (the tokens keep their order and their sequence indexes) with a
+    constant number of operations instead of a few per sample; the caller concatenates the tokens
+    (``[1, C, sum T_i, h, w]``, ``[sum H_i, D]``) and splits the predictions the same way.
+    """
+    if len(items) == 1:
+        return {key: list(items[0][key]) for key in _SHAPE_KEYS}
+    vision_shapes, action_shapes, vision_noisy, action_noisy, domains = [], [], [], [], []
+    frames = tokens = 0
+    for item in items:
+        if len(item["vision_token_shapes"]) != 1 or len(item["action_token_shapes"]) != 1:
+            raise ValueError("merge_items takes samples of one vision and one action item each")
+        (t, h, w), (a, *rest) = item["vision_token_shapes"][0], item["action_token_shapes"][0]
+        vision_shapes.append((t, h, w))
+        action_shapes.append((a, *rest))
+        vision_noisy.append(item["vision_noisy_frame_indexes"][0] + frames)
+        action_noisy.append(item["action_noisy_frame_indexes"][0] + tokens)
+        domains.append(item["action_domain_ids"][0])
+        frames, tokens = frames + t, tokens + a
+    if len({shape[1:] for shape in vision_shapes}) != 1 or len({tuple(shape[1:]) for shape in action_shapes}) != 1:
+        raise ValueError(f"samples of different patch grids cannot share an item: {vision_shapes} / {action_shapes}")
+    if len({int(d.reshape(-1)[0]) for d in domains}) != 1:
+        raise ValueError("samples of different embodiment domains cannot share an action item")
+    return {
+        "vision_token_shapes": [(frames, *vision_shapes[0][1:])],
+        "vision_noisy_frame_indexes": [torch.cat(vision_noisy)],
+        "action_token_shapes": [(tokens, *action_shapes[0][1:])],
+        "action_noisy_frame_indexes": [torch.cat(action_noisy)],
+        "action_domain_ids": [domains[0]],
+    }
 
 
 def split_into_packs(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]:

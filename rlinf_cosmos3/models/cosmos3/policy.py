@@ -19,7 +19,9 @@ Samples of a micro-batch share one transformer call (:mod:`~rlinf_cosmos3.models
 document-masked attention) up to ``max_tokens_per_pack`` tokens; with ``max_tokens_per_pack=None``
 each sample runs alone (the reference path: identical whatever the batch split, which keeps
 data-parallel training bit-equal to one process). Both paths draw the same noise and compute the
-same per-sample losses.
+same per-sample losses. Within a pack, the samples enter the transformer as one vision and one action
+item and are noised and scored as whole-pack tensors (:mod:`~rlinf_cosmos3.models.cosmos3.flow_matching`):
+a step's host work no longer grows with the number of samples.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,13 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
     SIGMA_DISTRIBUTIONS,
     PolicyConfig,
     canvas_tier,
-    generator_device,
     sample_sigma,
 )
 from rlinf_cosmos3.models.cosmos3.domains import NUM_INFERENCE_STEPS, get_action_domain
+from rlinf_cosmos3.models.cosmos3.flow_matching import NoiseDraw, draw_noise, noise_pack, pack_losses
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 from rlinf_cosmos3.models.cosmos3.packed_attention import install_packed_attention, packed_processor_of
-from rlinf_cosmos3.models.cosmos3.packing import pack_transformer_inputs, split_into_packs
+from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout, merge_items, pack_layout, split_into_packs
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
 from rlinf_cosmos3.models.cosmos3.processor import (
     EncodedSample,
@@ -67,7 +68,7 @@ __all__ = [
     "SIGMA_DISTRIBUTIONS",
     "Cosmos3Policy",
     "EncodedSample",
-    "NoisySample",
+    "NoiseDraw",
     "PolicyConfig",
     "canvas_tier",
     "latent_frame_valid",
@@ -76,23 +77,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class NoisySample:
-    """One sample's draws (sigma, noise, caption dropout) and the noisy tokens the transformer sees."""
-
-    sample: EncodedSample
-    eps_vision: torch.Tensor
-    eps_action: torch.Tensor
-    noisy_frames: torch.Tensor
-    """``[T_latent, 1, 1]``: 1 for noised latent frames, 0 for the clean condition frame."""
-    xt_vision: torch.Tensor
-    xt_action: torch.Tensor
-    timestep: float
-    action_timestep: float
-    """= ``timestep`` unless ``PolicyConfig.action_sigma_distribution`` draws the actions' own sigma."""
-    input_ids: list[int]
 
 
 class Cosmos3Policy(nn.Module):
@@ -129,6 +113,7 @@ class Cosmos3Policy(nn.Module):
         self.processor = PolicyProcessor(self.pipeline, self.cfg, self.domain.raw_action_dim)
         self.attention = install_packed_attention(transformer, self.cfg.attention_backend)
         self._segments: dict[tuple, dict[str, Any]] = {}
+        self._packs: dict[tuple, tuple[dict[str, Any], DocumentLayout]] = {}
 
     @classmethod
     def from_pretrained(
@@ -181,9 +166,12 @@ class Cosmos3Policy(nn.Module):
 
     # ------------------------------------------------------------------ sequence
 
-    def _segments_for(self, input_ids: Sequence[int], vision_shape: tuple[int, ...], action_len: int) -> dict:
-        """The pipeline's static text/vision/action segments for one sample, memoised by their inputs."""
-        pipe, device, fps = self.pipeline, self.device, self.cfg.fps
+    def _segments_for(self, input_ids: Sequence[int], vision_shape: tuple[int, ...], action_len: int,
+                      device: torch.device | None = None) -> dict:
+        """The pipeline's static text/vision/action segments for one sample, memoised by their inputs
+        (on the policy's device unless ``device`` is given; its ``key`` names the entry)."""
+        pipe, fps = self.pipeline, self.cfg.fps
+        device = self.device if device is None else torch.device(device)
         key = (tuple(input_ids), tuple(vision_shape), action_len, str(device))
         if key not in self._segments:
             text = pipe._prepare_text_segment(list(input_ids), device=device)
@@ -207,6 +195,7 @@ class Cosmos3Policy(nn.Module):
             if len(self._segments) >= 1024:
                 self._segments.clear()
             self._segments[key] = {
+                "key": key,
                 "input_ids": text["input_ids"],
                 "text_indexes": text["text_indexes"],
                 "position_ids": torch.cat(
@@ -241,7 +230,7 @@ class Cosmos3Policy(nn.Module):
         (``action_timestep``: the action tokens' own, default ``timestep``)."""
         device, dtype = self.device, self.compute_dtype
         seg = self._segments_for(input_ids, tuple(noisy_vision.shape), noisy_action.shape[0])
-        inputs = {k: v for k, v in seg.items() if not k.startswith("num_noisy")}
+        inputs = {k: v for k, v in seg.items() if not k.startswith("num_noisy") and k != "key"}
         inputs["vision_tokens"] = [noisy_vision.to(device=device, dtype=dtype)]
         inputs["vision_timesteps"] = torch.full((seg["num_noisy_vision_tokens"],), timestep, device=device)
         inputs["action_tokens"] = [noisy_action.to(device=device, dtype=dtype)]
@@ -279,81 +268,62 @@ class Cosmos3Policy(nn.Module):
         else:
             generators = [generator] * len(samples)
         # Draws first, sample after sample, so a shared generator yields the same numbers on both paths.
-        noisy = [self._noisy_sample(sample, gen) for sample, gen in zip(samples, generators, strict=True)]
-        items = [self.transformer_inputs(n.input_ids, n.xt_vision, n.xt_action, n.timestep, n.action_timestep)
-                 for n in noisy]
-        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for pack in split_into_packs([item["sequence_length"] for item in items], self.cfg.max_tokens_per_pack):
-            preds_v, preds_a = self._run_packed([items[i] for i in pack])
-            parts.extend(self._sample_losses(noisy[i], pv, pa) for i, pv, pa in zip(pack, preds_v, preds_a,
-                                                                                   strict=True))
-        vision = torch.stack([v for v, _ in parts]).mean()
-        action = torch.stack([a for _, a in parts]).mean()
+        draws = [draw_noise(self.cfg, sample, gen) for sample, gen in zip(samples, generators, strict=True)]
+        cpu = torch.device("cpu")
+        segments = [self._segments_for(s.uncond_input_ids if d.dropped else s.input_ids, tuple(s.x0_vision.shape),
+                                       s.x0_action.shape[0], cpu) for s, d in zip(samples, draws, strict=True)]
+        vision_parts, action_parts = [], []
+        for pack in split_into_packs([seg["sequence_length"] for seg in segments], self.cfg.max_tokens_per_pack):
+            vision, action = self._pack_losses([samples[i] for i in pack], [draws[i] for i in pack],
+                                               [segments[i] for i in pack])
+            vision_parts.append(vision)
+            action_parts.append(action)
+        vision = torch.cat(vision_parts).mean()
+        action = torch.cat(action_parts).mean()
         loss = self.cfg.loss_scale * (vision + self.cfg.action_loss_weight * action)
         metrics = {"loss": loss.detach(), "vision_loss": vision.detach(), "action_loss": action.detach()}
         return loss, metrics
 
-    def _run_packed(self, items: Sequence[dict[str, Any]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One transformer call for the samples of ``items``; their vision and action predictions."""
-        if len(items) == 1:
-            preds_v, _, preds_a = self.transformer(**items[0], return_dict=False)
-            return preds_v, preds_a
-        processor = packed_processor_of(self.transformer)
-        if processor is None:
-            raise RuntimeError(
-                "packing several samples needs the packed attention processor on every attention module "
-                "(it was replaced); set max_tokens_per_pack=None for one call per sample"
-            )
-        kwargs, layout = pack_transformer_inputs(items)
-        with processor.packed(layout):
+    def _pack_losses(self, samples: Sequence[EncodedSample], draws: Sequence[NoiseDraw],
+                     segments: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One transformer call for a pack of samples (one sample: diffusers' own attention); the per-sample
+        (vision, action) MSEs. Samples enter as one vision and one action item (:func:`merge_items`)."""
+        raw_dim, dtype, device = self.domain.raw_action_dim, self.compute_dtype, self.device
+        noisy = noise_pack(samples, draws, raw_dim, device)
+        static, layout = self._packed_sequence(segments)
+        vision_t = torch.repeat_interleave(torch.tensor([d.timestep for d in draws], dtype=torch.float32),
+                                           torch.tensor([seg["num_noisy_vision_tokens"] for seg in segments]))
+        action_t = torch.repeat_interleave(torch.tensor([d.action_timestep for d in draws], dtype=torch.float32),
+                                           torch.tensor([seg["num_noisy_action_tokens"] for seg in segments]))
+        kwargs = {**static, "vision_tokens": [noisy.xt_vision.to(dtype)], "action_tokens": [noisy.xt_action.to(dtype)],
+                  "vision_timesteps": vision_t.to(device), "action_timesteps": action_t.to(device)}
+        if len(samples) == 1:
             preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
-        return preds_v, preds_a
+        else:
+            processor = packed_processor_of(self.transformer)
+            if processor is None:
+                raise RuntimeError(
+                    "packing several samples needs the packed attention processor on every attention module "
+                    "(it was replaced); set max_tokens_per_pack=None for one call per sample"
+                )
+            with processor.packed(layout):
+                preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
+        return pack_losses(noisy, preds_v[0], preds_a[0], raw_dim)
 
-    def _noisy_sample(self, sample: EncodedSample, generator: torch.Generator | None) -> NoisySample:
-        """Draw sigma, noise and caption dropout for one sample and noise its clean tokens."""
-        cfg, device = self.cfg, self.device
-        raw_dim = self.domain.raw_action_dim
-        x0_v, x0_a = sample.x0_vision, sample.x0_action
-        # Draw order (fixed, for reproducibility): sigma, [the actions' own sigma], vision noise, action
-        # noise, caption dropout. On the generator's device (CPU by default): the same on any GPU.
-        sigma = sample_sigma(cfg.sigma_distribution, cfg.training_shift, generator)
-        sigma_action = (sigma if cfg.action_sigma_distribution is None
-                        else sample_sigma(cfg.action_sigma_distribution, cfg.training_shift, generator))
-        gen_device = generator_device(generator)
-        eps_v = torch.randn(x0_v.shape, generator=generator, device=gen_device).to(device)
-        eps_a = torch.randn(x0_a.shape, generator=generator, device=gen_device).to(device)
-        dropped = cfg.caption_dropout > 0 and float(torch.rand((), generator=generator, device=gen_device)) < cfg.caption_dropout
-
-        # omni_mot_model.py L1968-1976: per-latent-frame sigma, zero on the clean condition frame;
-        # rectified_flow.py L208-209: x_t = eps * sigma + x0 * (1 - sigma), target eps - x0.
-        noisy_frames = torch.ones(x0_v.shape[2], 1, 1, device=device)
-        noisy_frames[0] = 0.0
-        sigma_v = sigma.to(device) * noisy_frames
-        xt_v = eps_v * sigma_v + x0_v * (1 - sigma_v)
-        sigma_a = sigma_action.to(device)
-        xt_a = eps_a * sigma_a + x0_a * (1 - sigma_a)
-        xt_a[:, raw_dim:] = 0  # L2060: padded channels are zero, as the pipeline keeps them
-        return NoisySample(
-            sample=sample, eps_vision=eps_v, eps_action=eps_a, noisy_frames=noisy_frames, xt_vision=xt_v,
-            xt_action=xt_a, timestep=float(sigma) * NUM_TRAIN_TIMESTEPS,
-            action_timestep=float(sigma_action) * NUM_TRAIN_TIMESTEPS,
-            input_ids=sample.uncond_input_ids if dropped else sample.input_ids,
-        )
-
-    def _sample_losses(
-        self, noisy: NoisySample, pred_vision: torch.Tensor, pred_action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(vision MSE, action MSE) of one sample, unscaled; see docs/sft_objective.md."""
-        sample, raw_dim = noisy.sample, self.domain.raw_action_dim
-        # flow_matching.py L66-93 (normalize_loss_by_active=False): mean over all elements with the
-        # condition frame zeroed (it stays in the denominator); actions: first raw_action_dim channels.
-        vision_mask = noisy.noisy_frames * sample.vision_frame_valid.to(torch.float32).view(-1, 1, 1)
-        sq_v = (pred_vision.float() - (noisy.eps_vision - sample.x0_vision)) ** 2
-        vision_loss = (sq_v * vision_mask).mean()
-        sq_a = (pred_action.float() - (noisy.eps_action - sample.x0_action))[:, :raw_dim] ** 2
-        action_mask = sample.action_valid.to(torch.float32).view(-1, 1)
-        action_loss = (sq_a * action_mask).sum() / sq_a.numel()
-        return vision_loss, action_loss
+    def _packed_sequence(self, segments: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
+        """The packed call's sequence arguments (ids, positions, indexes, merged items) on the device, built
+        on the CPU from the samples' CPU segments and memoised by them (a pack of the same prompts and
+        shapes recurs every step)."""
+        device = self.device
+        key = (str(device), *(seg["key"] for seg in segments))
+        if key not in self._packs:
+            static, layout = pack_layout(segments)
+            static.update(merge_items(segments))
+            moved = {name: _to_device(value, device) for name, value in static.items()}
+            if len(self._packs) >= 256:
+                self._packs.clear()
+            self._packs[key] = (moved, layout)
+        return self._packs[key]
 
     # ------------------------------------------------------------------ inference
 
@@ -401,3 +371,12 @@ class Cosmos3Policy(nn.Module):
                 use_system_prompt=False,
             )
         return out.action[0]
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """A tensor, or a list of tensors and shape tuples, on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    return value

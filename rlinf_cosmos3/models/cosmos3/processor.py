@@ -51,25 +51,37 @@ class EncodedSample:
 def prepare_actions(
     actions: torch.Tensor, action_is_pad: torch.Tensor | None, action_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[H, raw]`` normalised actions -> (``[H, action_dim]`` zero-padded channels, ``[H]`` valid).
+    """``[H, raw]`` normalised actions -> (``[H, action_dim]`` zero-padded channels, ``[H]`` valid): one
+    chunk of :func:`prepare_action_batch`."""
+    x0, valid = prepare_action_batch(actions.unsqueeze(0), None if action_is_pad is None else action_is_pad.unsqueeze(0),
+                                     action_dim)
+    return x0[0], valid[0]
+
+
+def prepare_action_batch(
+    actions: torch.Tensor, action_is_pad: torch.Tensor | None, action_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, H, raw]`` normalised actions -> (``[B, H, action_dim]`` zero-padded channels, ``[B, H]`` valid).
 
     Padded steps (past the episode end) take the last real action before them - what the
     LeRobot reader already returns - so whatever they held cannot reach the model: they enter
     the sequence as noisy tokens that every other token attends to, and their loss is masked.
+    The whole batch at once, on the actions' device: a handful of operations, not a few per sample.
     """
-    horizon, raw = actions.shape
+    batch, horizon, raw = actions.shape
     if raw > action_dim:
         raise ValueError(f"{raw} action channels exceed the model's action_dim {action_dim}")
-    pad = action_is_pad.bool().to(actions.device) if action_is_pad is not None else None
-    valid = ~pad if pad is not None else torch.ones(horizon, dtype=torch.bool, device=actions.device)
-    if not bool(valid[0]):
+    if action_is_pad is None:
+        valid = torch.ones(batch, horizon, dtype=torch.bool, device=actions.device)
+    else:
+        valid = ~action_is_pad.bool().to(actions.device)
+    if not bool(valid[:, 0].all()):
         raise ValueError("the first action of a chunk is padding; the sample has no real action")
-    real = actions.to(torch.float32)
-    if pad is not None and bool(pad.any()):
-        last = torch.cumsum(valid.long(), 0) - 1  # per step: index of the latest real step so far
-        real = real[valid][last]
-    x0 = torch.zeros(horizon, action_dim, dtype=torch.float32, device=actions.device)
-    x0[:, :raw] = real
+    steps = torch.arange(horizon, device=actions.device).expand(batch, horizon)
+    latest = torch.where(valid, steps, 0).cummax(dim=1).values  # per step: the latest real step so far
+    real = actions.to(torch.float32).gather(1, latest.unsqueeze(-1).expand(batch, horizon, raw))
+    x0 = torch.zeros(batch, horizon, action_dim, dtype=torch.float32, device=actions.device)
+    x0[..., :raw] = real
     return x0, valid
 
 
@@ -244,22 +256,21 @@ class PolicyProcessor:
             x0, frame_valid = x0.float(), frame_valid.to(device)
         if not cfg.mask_padded_frames:
             frame_valid = torch.ones_like(frame_valid)
-        action_is_pad = batch.get("action_is_pad")
+        # The batch's actions are prepared where the reader left them (the CPU) and moved once.
+        x0_actions, actions_valid = prepare_action_batch(actions, batch.get("action_is_pad"), action_dim)
+        x0_actions, actions_valid = x0_actions.to(device), actions_valid.to(device)
         # Per-sample generators (seeded by dataset index) need no position: the draw stays rank-split invariant.
         shared = not isinstance(generators, Sequence)
         encoded = []
         for i in range(len(prompts)):
             generator = generators if shared else generators[i]
             ids, uncond_ids = self.sample_ids(batch, i, generator, i if shared else 0)
-            x0_action, action_valid = prepare_actions(
-                actions[i].to(device), action_is_pad[i] if action_is_pad is not None else None, action_dim
-            )
             encoded.append(EncodedSample(
                 input_ids=ids,
                 uncond_input_ids=uncond_ids,
                 x0_vision=x0[i : i + 1],
                 vision_frame_valid=frame_valid[i],
-                x0_action=x0_action,
-                action_valid=action_valid,
+                x0_action=x0_actions[i],
+                action_valid=actions_valid[i],
             ))
         return encoded
