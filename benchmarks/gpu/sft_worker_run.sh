@@ -9,6 +9,13 @@
 #   bash benchmarks/gpu/sft_worker_run.sh DATASET STATS OUT [LAYERS=4] [STEPS=8] [MICRO=16] [EPISODES=0,1]
 #   PRESET=tiny bash benchmarks/gpu/sft_worker_run.sh DATASET STATS OUT - 40 32 0-39   # the tiny preset instead
 #
+#   LOSS_CHECK=1 bash benchmarks/gpu/sft_worker_run.sh ...   # then the same STEPS again in fp32 and per-sample
+#
+# LOSS_CHECK=1: after the resume, two more runs of run A's STEPS from the same random weights, data order
+# and noise (same seed), their closing save in RAM and deleted: `actor.model.precision=fp32` and `actor.max_tokens_per_pack=null`
+# (one transformer call per sample). The summary prints each run's per-step loss, action loss and grad
+# norm side by side: whether a loss spike is bf16's, packing's, or the recipe's on random weights.
+#
 # DATASET/STATS: a LeRobot v3 LIBERO dataset and its action stats (toolkits/libero/record_demos.py,
 # toolkits/cosmos3/compute_action_stats.py); EPISODES of it go through the latent cache (the Nano VAE runs
 # once per sample). OUT receives both runs' log directories and a summary. Disk: one checkpoint of a
@@ -67,18 +74,36 @@ PYTHON="$PY" bash examples/sft/run_vla_sft.sh libero_sft_cosmos3 "${common[@]}" 
   runner.log_path="$CKPT_B" runner.resume_dir="$step_a" ${SFT_WORKER_ARGS:-}
 echo "[sft_worker_run] run B: exit 0 after $(( $(date +%s) - start )) s"
 ls "$CKPT_B/$NAME/checkpoints"
+rm -rf "$CKPT_A" "$CKPT_B"  # free the disk before anything else runs
+
+runs=(logs_a logs_b)
+if [ "${LOSS_CHECK:-0}" = 1 ]; then
+  for check in fp32:actor.model.precision=fp32 per_sample:actor.max_tokens_per_pack=null; do
+    label="${check%%:*}"; override="${check#*:}"
+    start=$(date +%s)
+    echo "[sft_worker_run] == loss check $label: $STEPS steps, $override (its closing save goes to /dev/shm, then deleted)"
+    PYTHON="$PY" bash examples/sft/run_vla_sft.sh libero_sft_cosmos3 "${common[@]}" "$override" \
+      runner.max_steps="$STEPS" runner.logs_dir="$OUT/logs_$label" \
+      runner.log_path=/dev/shm/sft_worker_check ${SFT_WORKER_ARGS:-}
+    echo "[sft_worker_run] loss check $label: exit 0 after $(( $(date +%s) - start )) s"
+    rm -rf /dev/shm/sft_worker_check  # the launcher always saves its last step: RAM, not the disk
+    runs+=("logs_$label")
+  done
+fi
 
 # Steady rate: the median of run A's steps after the first two (compilation, allocator warm-up).
-"$PY" - "$OUT" "$STEPS" <<'EOF' | tee "$OUT/summary.txt"
+"$PY" - "$OUT" "$STEPS" "${runs[@]}" <<'EOF' | tee "$OUT/summary.txt"
 import re, statistics, sys
 from pathlib import Path
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
-for run in ("logs_a", "logs_b"):
+for run in sys.argv[3:]:
     (log,) = (out / run).glob("*/run_embodiment.log")
     rows = [dict(re.findall(r"(\w+)=([-\d.e+]+)", m.group(1))) | {"step": int(m.group(0).split()[1].split("/")[0])}
             for m in re.finditer(r"step \d+/\d+ (.*)", log.read_text())]
     steady = [float(r["samples_per_s"]) for r in rows if r["step"] > 2] or [float(r["samples_per_s"]) for r in rows]
-    print(f"{run}: steps {[r['step'] for r in rows]} loss {[round(float(r['loss']), 3) for r in rows]}")
+    print(f"{run}: steps {[r['step'] for r in rows]}")
+    for key in ("loss", "action_loss", "grad_norm"):
+        print(f"{run}: {key} {[round(float(r[key]), 3) for r in rows if key in r]}")
     print(f"{run}: samples/s median {statistics.median(steady):.2f} (steps > 2), peak GiB "
           f"{max(float(r['peak_memory_gb']) for r in rows):.1f}")
 EOF
