@@ -276,7 +276,8 @@ prune_sglkernel() {
   # sm90/common_ops links libnuma.so.1, which the device image may lack; device_env.sh puts this copy
   # on the server's LD_LIBRARY_PATH only when the system has none.
   local numa
-  numa=$(ldconfig -p 2>/dev/null | awk '/libnuma\.so\.1 .*x86-64/ {print $NF; exit}')
+  # awk reads to the end: an early exit would SIGPIPE ldconfig, which pipefail turns into a failure
+  numa=$(ldconfig -p 2>/dev/null | awk '/libnuma\.so\.1 .*x86-64/ && !found {found = $NF} END {print found}')
   [ -n "$numa" ] || die "libnuma.so.1 not found here (apt-get install libnuma1)"
   mkdir -p "$dir/.libs"
   cp -L --remove-destination "$numa" "$dir/.libs/libnuma.so.1"
