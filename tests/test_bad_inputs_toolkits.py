@@ -67,8 +67,11 @@ def _record(argv: list[str]) -> int | None:
     (["--task-ids", "0", "--settle-steps", "-1"], r"--settle-steps: must be >= 0, got -1 \(fix: "),
     (["--task-ids", "0", "--action-noise", "-0.1"], r"--action-noise: must be >= 0, got -0.1 \(fix: "),
     (["--task-ids", "0", "--recorded-action", "noisy"], r"--recorded-action: invalid choice: 'noisy'"),
+    (["--task-ids", "0", "--noise-period", "0"], r"--noise-period: must be >= 1, got 0 \(fix: "),
+    (["--task-ids", "0", "--noise-period", "8", "--noise-burst", "9"],
+     r"--noise-burst: must be in 1\.\.noise_period \(8\), got 9 \(fix: "),
 ], ids=["task_out_of_range", "empty_range", "init_state_out_of_range", "count_too_large", "no_envs", "no_steps",
-        "negative_settle", "negative_noise", "unknown_recorded_action"])
+        "negative_settle", "negative_noise", "unknown_recorded_action", "no_noise_period", "burst_over_period"])
 def test_record_demos_rejects_bad_arguments_before_any_simulator(tmp_path, capsys, argv, text) -> None:
     assert _record([*argv, "--out", str(tmp_path / "d")]) == 2
     assert re.search(text, capsys.readouterr().err)

@@ -300,11 +300,12 @@ def test_cli_can_store_the_cameras_as_image_features(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path) -> None:
+@pytest.mark.parametrize(("period", "burst"), [(1, 1), (5, 2)], ids=["every_command", "bursts"])
+def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path, period: int, burst: int) -> None:
     """``--action-noise`` with ``--recorded-action clean`` (DART-style): the same seed runs the same noisy
     commands in the simulator (identical recorded states), but each frame's label is the scripted command
     before the noise: the two recordings differ in the motion dimensions by at most the noise, never in
-    the gripper."""
+    the gripper. With bursts (``--noise-period 5 --noise-burst 2``) only commands 0-1, 5-6, ... carry noise."""
     import pyarrow.parquet as pq
 
     from rlinf_cosmos3.actions import read_lerobot_episode_actions
@@ -316,7 +317,8 @@ def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path) -> 
     for mode in ("executed", "clean"):
         cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0], out=tmp_path / mode,
                            repo_id=f"local/{mode}", max_steps=20, keep_failed=True, camera_storage="image",
-                           policy=ScriptedPolicyConfig(noise_std=noise), recorded_action=mode)
+                           policy=ScriptedPolicyConfig(noise_std=noise, noise_period=period, noise_burst=burst),
+                           recorded_action=mode)
         record_demos(cfg, show_progress=False)
         states = pq.read_table(sorted((cfg.out / "data").rglob("*.parquet")), columns=[STATE_KEY, "index"])
         recorded[mode] = (np.stack(states.sort_by("index").column(STATE_KEY).to_pylist()),
@@ -325,5 +327,7 @@ def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path) -> 
     assert actions_e.shape == actions_c.shape == (20, 7)
     np.testing.assert_array_equal(states_e, states_c)  # one trajectory: the same commands ran
     diff = np.abs(actions_e[:, :6] - actions_c[:, :6])
-    assert diff.max() <= 5 * noise and diff.mean() > noise / 4, diff  # the labels lack the noise
+    noisy = np.arange(20) % period < burst
+    assert diff.max() <= 5 * noise and diff[noisy].mean() > noise / 4, diff  # the labels lack the noise
+    assert (diff[noisy].max(axis=1) > 0).all() and not diff[~noisy].any(), diff  # ... where it was added
     np.testing.assert_array_equal(actions_e[:, 6], actions_c[:, 6])

@@ -42,6 +42,11 @@ def check_record_config(cfg: RecordConfig, camera_storages: tuple[str, ...]) -> 
             "give the number of simulator processes to run in parallel (1 per free core)")
     require(cfg.policy.noise_std >= 0, "policy.noise_std", f"must be >= 0, got {cfg.policy.noise_std}",
             "use 0 (the scripted commands as they are) or a positive standard deviation")
+    require(cfg.policy.noise_period >= 1, "policy.noise_period", f"must be >= 1, got {cfg.policy.noise_period}",
+            "use 1 (noise on every command) or the number of commands from one burst's start to the next")
+    require(1 <= cfg.policy.noise_burst <= cfg.policy.noise_period, "policy.noise_burst",
+            f"must be in 1..noise_period ({cfg.policy.noise_period}), got {cfg.policy.noise_burst}",
+            "give how many commands of each period get the noise")
     require(cfg.recorded_action in RECORDED_ACTIONS, "recorded_action", f"unknown choice {cfg.recorded_action!r}",
             f"use one of {list(RECORDED_ACTIONS)} (executed: the command the simulator ran; clean: before "
             "the action noise)")

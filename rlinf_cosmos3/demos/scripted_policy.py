@@ -93,6 +93,11 @@ class ScriptedPolicyConfig:
     phase_timeout: int = 60
     max_regrasps: int = 2
     noise_std: float = 0.0
+    noise_period: int = 1
+    """Noise bursts start every ``noise_period`` commands (1: noise on every command)."""
+    noise_burst: int = 1
+    """Commands per burst that get ``noise_std``. With action chunks a label answers only what the chunk's
+    first frame shows; rare bursts leave most chunks free of perturbations they cannot see coming."""
 
 
 def _down_rotation(yaw: float) -> np.ndarray:
@@ -114,6 +119,8 @@ class ScriptedPickPlace:
         self.regrasps = 0
         self._plan: dict[str, Any] = {}
         self._eef_history: list[np.ndarray] = []
+        self.commands = 0
+        """Commands returned by :meth:`act` so far (the noise bursts count them)."""
         self.last_clean_action: np.ndarray | None = None
         """The last command of :meth:`act` before ``noise_std`` was added (clipped alike): what a
         recording stores as the label when the executed command carries noise (DART-style)."""
@@ -223,7 +230,7 @@ class ScriptedPickPlace:
         action = np.concatenate([v, w, [gripper]])
         action[:6] = np.clip(action[:6], -1.0, 1.0)
         self.last_clean_action = action.copy()
-        if self.cfg.noise_std > 0:
+        if self.cfg.noise_std > 0 and (self.commands - 1) % self.cfg.noise_period < self.cfg.noise_burst:
             action[:6] = np.clip(action[:6] + self.rng.normal(0.0, self.cfg.noise_std, size=6), -1.0, 1.0)
         return action
 
@@ -250,6 +257,7 @@ class ScriptedPickPlace:
         if not self._plan:
             self._plan_grasp(priv)
         plan = self._plan
+        self.commands += 1
         self.phase_steps += 1
         eef = np.asarray(priv["eef_pos"])
         self._eef_history = [*self._eef_history[-9:], eef.copy()]

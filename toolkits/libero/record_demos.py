@@ -43,7 +43,8 @@ logger = logging.getLogger("record_demos")
 NUM_TASKS = SUITE_NUM_TASKS
 FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init-states", "out": "--out",
          "max_steps": "--max-steps", "num_settle_steps": "--settle-steps", "num_envs": "--num-envs",
-         "policy.noise_std": "--action-noise", "camera_storage": "--camera-storage",
+         "policy.noise_std": "--action-noise", "policy.noise_period": "--noise-period",
+         "policy.noise_burst": "--noise-burst", "camera_storage": "--camera-storage",
          "recorded_action": "--recorded-action"}
 """RecordConfig field -> the flag that sets it."""
 
@@ -92,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-envs", type=int, default=1, help="simulator processes stepping in parallel")
     p.add_argument("--action-noise", type=float, default=0.0,
                    help="std of Gaussian noise added to the policy's motion commands (diversity, recoveries)")
+    p.add_argument("--noise-period", type=int, default=1,
+                   help="commands from the start of one noise burst to the next (default 1: noise on every command)")
+    p.add_argument("--noise-burst", type=int, default=1,
+                   help="commands per burst that get --action-noise (default 1); e.g. --noise-period 48 "
+                        "--noise-burst 4: rare pushes, clean recoveries a 16-step chunk can learn")
     p.add_argument("--recorded-action", choices=RECORDED_ACTIONS, default="executed",
                    help="the action stored per frame: 'executed' (sent to the simulator, noise included) or "
                         "'clean' (the scripted command before --action-noise: DART-style labels)")
@@ -120,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         keep_failed=args.keep_failed,
         num_envs=args.num_envs,
-        policy=ScriptedPolicyConfig(noise_std=args.action_noise),
+        policy=ScriptedPolicyConfig(noise_std=args.action_noise, noise_period=args.noise_period,
+                                    noise_burst=args.noise_burst),
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
     )
