@@ -269,3 +269,18 @@ def test_merging_refuses_samples_of_different_patch_grids(policy: Cosmos3Policy,
              policy.transformer_inputs(encoded[1].input_ids, small, encoded[1].x0_action, 500.0)]
     with pytest.raises(ValueError, match="patch grids"):
         merge_items(items)
+
+
+def test_packed_sequences_are_reused_and_the_cache_stays_small(policy: Cosmos3Policy,
+                                                                encoded: list[EncodedSample]) -> None:
+    """A recurring pack reuses its device tensors (and so its attention masks); new packs evict the oldest."""
+    from rlinf_cosmos3.models.cosmos3.policy import PACK_CACHE_SIZE
+
+    cpu = torch.device("cpu")
+    segments = [policy._segments_for(s.input_ids, tuple(s.x0_vision.shape), s.x0_action.shape[0], cpu)
+                for s in encoded]
+    first = policy._packed_sequence(segments[:2])
+    assert policy._packed_sequence(segments[:2]) is first
+    for n in range(1, 2 * PACK_CACHE_SIZE):  # packs of different compositions
+        policy._packed_sequence([segments[i % B] for i in range(n)])
+    assert len(policy._packs) <= PACK_CACHE_SIZE

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+PACK_CACHE_SIZE = 8
+"""Packed sequences kept on the device (least recently used dropped): a single-task run without caption
+dropout repeats one or two packs; with dropout almost every pack is new and caching would only hold memory."""
+
 
 class Cosmos3Policy(nn.Module):
     """Trainable Cosmos3 transformer + frozen VAE/tokenizer, with the policy SFT loss.
@@ -113,7 +118,7 @@ class Cosmos3Policy(nn.Module):
         self.processor = PolicyProcessor(self.pipeline, self.cfg, self.domain.raw_action_dim)
         self.attention = install_packed_attention(transformer, self.cfg.attention_backend)
         self._segments: dict[tuple, dict[str, Any]] = {}
-        self._packs: dict[tuple, tuple[dict[str, Any], DocumentLayout]] = {}
+        self._packs: OrderedDict[tuple, tuple[dict[str, Any], DocumentLayout]] = OrderedDict()
 
     @classmethod
     def from_pretrained(
@@ -316,13 +321,14 @@ class Cosmos3Policy(nn.Module):
         shapes recurs every step)."""
         device = self.device
         key = (str(device), *(seg["key"] for seg in segments))
-        if key not in self._packs:
+        if key in self._packs:
+            self._packs.move_to_end(key)
+        else:
             static, layout = pack_layout(segments)
             static.update(merge_items(segments))
-            moved = {name: _to_device(value, device) for name, value in static.items()}
-            if len(self._packs) >= 256:
-                self._packs.clear()
-            self._packs[key] = (moved, layout)
+            self._packs[key] = ({name: _to_device(value, device) for name, value in static.items()}, layout)
+            while len(self._packs) > PACK_CACHE_SIZE:  # device tensors and block masks: keep a few
+                self._packs.popitem(last=False)
         return self._packs[key]
 
     # ------------------------------------------------------------------ inference
