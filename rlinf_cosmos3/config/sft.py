@@ -19,20 +19,18 @@ from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, load_structured, require, require_path
+from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, read_settings
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
-from rlinf_cosmos3.data.config import LiberoDataConfig
+from rlinf_cosmos3.data.config import DATA_SETTING_KEYS, LiberoDataConfig
 from rlinf_cosmos3.models.cosmos3.components import missing_components
 from rlinf_cosmos3.paths import REPO_ROOT
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
-"""= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
-needs torch, and configs stay light); a test checks they agree."""
+"""cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000 tokens per
+transformer call (~174 LIBERO samples of 424 tokens); also ``PolicyConfig``'s default."""
 ATTENTION_BACKENDS = ("auto", "flex", "loop")
-CAPTION_STYLES = ("diffusers", "cosmos_framework")
-"""= ``rlinf_cosmos3.models.cosmos3.captions.CAPTION_STYLES`` (configs do not import models); a test checks it."""
-
 SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
-"""= ``rlinf_cosmos3.models.cosmos3.configuration.SIGMA_DISTRIBUTIONS`` (configs do not import models); a test checks it."""
+"""How a training sigma can be drawn (``models/cosmos3/configuration.py`` ``sample_sigma``)."""
 
 
 @dataclass
@@ -64,13 +62,14 @@ class ModelConfig:
     """Train only parameters whose name contains one of these substrings (None: all)."""
     lr_multipliers: dict[str, float] = field(default_factory=dict)
     """Substring of a parameter name -> learning-rate multiplier (action heads: 5.0)."""
-    action_normalization: str = "quantile_rot"
-    domain_name: str = "libero"
-    action_horizon: int = 16
-    num_frames: int = 17
-    canvas_height: int = 192
-    canvas_width: int = 320
-    fps: int = 20
+    # The model settings this section sets (SFT_SETTING_KEYS; declared in config/model_settings.py).
+    action_normalization: str = RECIPE.normalization
+    domain_name: str = RECIPE.domain_name
+    action_horizon: int = RECIPE.action_horizon
+    num_frames: int = RECIPE.num_frames
+    canvas_height: int = RECIPE.canvas_height
+    canvas_width: int = RECIPE.canvas_width
+    fps: int = RECIPE.fps
     resolution_tier: int = 256
     """diffusers' action resolution tier the canvas is sized by (``CosmosActionCondition.resolution_tier``);
     it must size ``canvas_height x canvas_width`` as is (256 for the 192x320 LIBERO canvas)."""
@@ -95,7 +94,7 @@ class ModelConfig:
     attention_backend: str = "auto"
     """Attention of packed samples: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample,
     any device) or ``auto`` (flex on GPU, loop on CPU)."""
-    caption_style: str = "diffusers"
+    caption_style: str = RECIPE.caption_style
     """Training caption: ``diffusers`` (the one diffusers and SGLang build at serving time) or
     ``cosmos_framework`` (NVIDIA's LIBERO training caption, with the layout sentence and the chunk's
     idle frames); part of the model's identity, evaluation must prompt with the same style."""
@@ -212,6 +211,22 @@ class SFTConfig:
     data: DataLoaderConfig = field(default_factory=DataLoaderConfig)
 
 
+SFT_SETTING_KEYS = {
+    "fps": "actor.model.fps", "action_horizon": "actor.model.action_horizon", "num_frames": "actor.model.num_frames",
+    "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
+    "normalization": "actor.model.action_normalization", "domain_name": "actor.model.domain_name",
+    "caption_style": "actor.model.caption_style", "gripper_convention": "data.dataset.gripper_convention",
+}
+"""Model setting -> the SFT config key that sets it. ``view_point`` is not one: the policy composes its
+canvas for the recipe's framing. ``data.dataset`` states fps, horizon, frames and normalisation again for
+its reader (``DATA_SETTING_KEYS``); :func:`validate_sft_config` requires them equal to these."""
+
+
+def sft_model_settings(cfg: SFTConfig) -> ModelSettings:
+    """The model settings an SFT run trains with (and writes into its checkpoints' identity)."""
+    return read_settings(cfg, SFT_SETTING_KEYS)
+
+
 def load_sft_config(raw: Any, *, check_gpus: bool = True) -> SFTConfig:
     """Typed, validated config from a Hydra/OmegaConf object or plain dict (drops Hydra's own keys)."""
     cfg = load_structured(SFTConfig, raw)
@@ -311,13 +326,11 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(cfg.data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {cfg.data.num_workers}",
             "use 0 (decode in the rank's own process) or the number of loader processes per rank")
 
-    # Settings that are part of the model's identity must agree between data and model.
-    pairs = (("fps", data.fps, model.fps), ("num_frames", data.num_frames, model.num_frames),
-             ("chunk_length", data.chunk_length, model.action_horizon),
-             ("normalization", data.normalization, model.action_normalization))
-    for name, data_value, model_value in pairs:
-        require(data_value == model_value, f"data.dataset.{name}",
-                f"{data_value!r} disagrees with the model setting {model_value!r}",
+    # The model settings the reader states again must be the run's.
+    trained, read = sft_model_settings(cfg), read_settings(data, DATA_SETTING_KEYS)
+    for name, key in DATA_SETTING_KEYS.items():
+        require(getattr(read, name) == getattr(trained, name), f"data.dataset.{key}",
+                f"{getattr(read, name)!r} disagrees with the model setting {getattr(trained, name)!r}",
                 "training and evaluation must use the same value: make them equal")
     _check_stats(stats_path, data.fps, data.chunk_length, data.normalization)
     _check_gripper_convention(stats_path, data.gripper_convention)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlinf_cosmos3.actions.gripper import GRIPPER_CONVENTIONS
 from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.config.model_settings import GRIPPER_CONVENTIONS, NORMALIZATIONS, RECIPE
 
-# Normalisation methods the reader knows how to apply to the 10-D actions.
-SUPPORTED_NORMALIZATIONS = ("quantile_rot",)
+SUPPORTED_NORMALIZATIONS = NORMALIZATIONS
+"""Normalisation methods the reader knows how to apply to the 10-D actions."""
 
 MAIN_IMAGE_KEY = "observation.images.image"
 WRIST_IMAGE_KEY = "observation.images.wrist_image"
@@ -40,11 +40,12 @@ class LiberoDataConfig:
     """Name lerobot files the dataset under; only used as a label when ``root`` is given."""
     stats_path: str = "???"
     """Action stats JSON (``libero_native_frame_wise_relative_rot6d.json``)."""
-    chunk_length: int = 16
-    num_frames: int = 17
-    fps: int = 20
-    normalization: str = "quantile_rot"
-    gripper_convention: str = "zero_one"
+    # The model settings this section sets (DATA_SETTING_KEYS; declared in config/model_settings.py).
+    chunk_length: int = RECIPE.action_horizon
+    num_frames: int = RECIPE.num_frames
+    fps: int = RECIPE.fps
+    normalization: str = RECIPE.normalization
+    gripper_convention: str = RECIPE.gripper_convention
     """How the dataset stores the gripper: ``zero_one`` (g in [0, 1], 1 = open; ours and NVIDIA's),
     ``pm_one`` (-1 open / +1 close, the community ``lerobot/libero_*`` sets) or ``pm_one_flip``
     (signs inverted). Part of the model's identity: evaluation turns predictions back into commands
@@ -104,6 +105,11 @@ class LiberoDataConfig:
             _require(
                 all(e >= 0 for e in self.episodes), "episodes", f"negative episode index in {self.episodes}"
             )
+
+
+DATA_SETTING_KEYS = {"fps": "fps", "action_horizon": "chunk_length", "num_frames": "num_frames",
+                     "normalization": "normalization", "gripper_convention": "gripper_convention"}
+"""Model setting -> the ``data.dataset`` key that sets it (read with ``config.model_settings.read_settings``)."""
 
 
 def image_output_name(key: str) -> str:
