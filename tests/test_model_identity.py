@@ -93,9 +93,9 @@ def test_compare_returns_every_mismatch_with_its_config_field() -> None:
 def test_every_config_section_reads_its_model_settings_through_one_table() -> None:
     """The settings are declared once (config/model_settings.py): each section names the key that sets each
     of them, its defaults are the recipe's, and serving sets (and the identity compares) every one."""
+    from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
     from rlinf_cosmos3.config.model_settings import RECIPE, SETTING_NAMES, read_settings
     from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
-    from rlinf_cosmos3.data.config import DATA_SETTING_KEYS, LiberoDataConfig
     from rlinf_cosmos3.workers.rollout.config import (
         IDENTITY_CONFIG_FIELDS,
         ROLLOUT_SETTING_KEYS,
@@ -132,9 +132,9 @@ def trained(recorded_libero_dataset, tmp_path_factory: pytest.TempPathFactory) -
     from hydra import compose, initialize_config_dir
 
     from rlinf_cosmos3.checkpoint import TrainerState, save_checkpoint
-    from rlinf_cosmos3.config.sft import load_sft_config
     from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
     from rlinf_cosmos3.runners.sft_runner import SFTRunner
+    from rlinf_cosmos3.validation.sft import load_sft_config
 
     root = tmp_path_factory.mktemp("identity")
     model = write_model_dir(root / "tiny", preset="tiny", seed=0)

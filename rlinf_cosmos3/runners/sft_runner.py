@@ -24,13 +24,7 @@ from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
 from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
 from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import (
-    SFT_SETTING_KEYS,
-    SFTConfig,
-    check_micro_batch_fits,
-    load_sft_config,
-    sft_model_settings,
-)
+from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
 from rlinf_cosmos3.models.cosmos3.identity import (
     IDENTITY_FILE,
     IdentityError,
@@ -48,6 +42,7 @@ from rlinf_cosmos3.runners.checkpoint_space import (
 )
 from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
+from rlinf_cosmos3.validation.sft import check_micro_batch_fits, load_sft_config
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
