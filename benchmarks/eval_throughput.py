@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3.cluster import Cluster
-from rlinf_cosmos3.cluster.config import ClusterConfig
+from rlinf_cosmos3.config.cluster import ClusterConfig
 from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
 from rlinf_cosmos3.runners.eval_summary import EvalSummary

@@ -1,8 +1,8 @@
 """A package's public names, imported from their modules on first use (PEP 562).
 
 A package whose ``__init__`` imports every module makes ``import pkg.light_module`` pay for the heavy
-ones too: loading a config (``cluster/config.py``, ``checkpoint/layout.py``) would import Ray and
-torch. With :func:`lazy_exports` the ``__init__`` only names where each public name lives.
+ones too: validating an SFT config (it reads ``checkpoint/layout.py``) would import torch. With
+:func:`lazy_exports` the ``__init__`` only names where each public name lives.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from process_checks import nothing_left_running
 from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.hydra_cli import compose_overrides
-from rlinf_cosmos3.config.sft import SFTConfig, check_micro_batch_fits, load_sft_config
+from rlinf_cosmos3.config.sft import SFTConfig
+from rlinf_cosmos3.validation.sft import check_micro_batch_fits, load_sft_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "examples" / "sft" / "config"

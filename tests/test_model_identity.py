@@ -90,6 +90,30 @@ def test_compare_returns_every_mismatch_with_its_config_field() -> None:
         compare_identities(IDENTITY, other, {k: v for k, v in fields.items() if k != "domain_name"})
 
 
+def test_every_config_section_reads_its_model_settings_through_one_table() -> None:
+    """The settings are declared once (config/model_settings.py): each section names the key that sets each
+    of them, its defaults are the recipe's, and serving sets (and the identity compares) every one."""
+    from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
+    from rlinf_cosmos3.config.model_settings import RECIPE, SETTING_NAMES, read_settings
+    from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
+    from rlinf_cosmos3.workers.rollout.config import (
+        IDENTITY_CONFIG_FIELDS,
+        ROLLOUT_SETTING_KEYS,
+        RolloutModelConfig,
+    )
+
+    assert sft_model_settings(SFTConfig()) == RECIPE
+    assert read_settings(LiberoDataConfig(), DATA_SETTING_KEYS) == RECIPE
+    served = RolloutModelConfig(action_normalization=RECIPE.normalization)  # the one setting with no default
+    assert read_settings(served, ROLLOUT_SETTING_KEYS) == RECIPE
+    assert set(ROLLOUT_SETTING_KEYS) == set(SETTING_NAMES)
+    assert set(SFT_SETTING_KEYS) == set(SETTING_NAMES) - {"view_point"}  # the policy composes the recipe's framing
+    assert set(IDENTITY_CONFIG_FIELDS) == set(COMPARED_FIELDS)
+    assert dataclasses.replace(IDENTITY, fps=10).fps == 10 and isinstance(IDENTITY, type(RECIPE))
+    with pytest.raises(KeyError, match="not model settings"):
+        read_settings(served, {"height": "height"})
+
+
 def test_importing_the_identity_pulls_in_nothing_heavy() -> None:
     code = ("import sys, rlinf_cosmos3.models.cosmos3.identity; "
             "print(sorted(m for m in ('torch', 'diffusers', 'ray', 'numpy') if m in sys.modules))")
@@ -108,9 +132,9 @@ def trained(recorded_libero_dataset, tmp_path_factory: pytest.TempPathFactory) -
     from hydra import compose, initialize_config_dir
 
     from rlinf_cosmos3.checkpoint import TrainerState, save_checkpoint
-    from rlinf_cosmos3.config.sft import load_sft_config
     from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
     from rlinf_cosmos3.runners.sft_runner import SFTRunner
+    from rlinf_cosmos3.validation.sft import load_sft_config
 
     root = tmp_path_factory.mktemp("identity")
     model = write_model_dir(root / "tiny", preset="tiny", seed=0)

@@ -24,6 +24,7 @@ from rlinf_cosmos3.config.base import load_structured
 from rlinf_cosmos3.models.cosmos3 import captions, configuration
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256, write_identity
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.sft import load_sft_config
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
@@ -89,7 +90,7 @@ def _sft(paths: dict[str, Path], stats: str, *extra: str) -> sft_config.SFTConfi
         raw = compose(config_name="libero_sft_cosmos3_tiny", overrides=[
             f"actor.model.model_path={paths['model']}", f"data.dataset.root={paths['data']}",
             f"data.dataset.stats_path={paths[stats]}", *extra])
-    return sft_config.load_sft_config(OmegaConf.to_container(raw, resolve=True), check_gpus=False)
+    return load_sft_config(OmegaConf.to_container(raw, resolve=True), check_gpus=False)
 
 
 @pytest.mark.parametrize(("stats", "override", "text"), [

@@ -23,7 +23,6 @@ from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observa
 from rlinf_cosmos3.workers.rollout import codec
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.config import (
-    DEFAULT_VIEW_POINT,
     EmbeddedConfig,
     RolloutModelConfig,
     SGLangConfig,
@@ -216,7 +215,7 @@ def test_model_identity_mismatches_are_errors(adapter_model_dir: Path, stats_pat
 
 
 def test_serving_configs_validate(tmp_path: Path) -> None:
-    assert DEFAULT_VIEW_POINT == VIEW_POINT  # the caption framing the canvas was composed for
+    assert RolloutModelConfig().view_point == VIEW_POINT  # the caption framing the canvas was composed for
     assert SGLangConfig().validate().interpreter.is_file()
     with pytest.raises(ConfigError, match="rollout.sglang.python.*not found"):
         SGLangConfig(python=str(tmp_path / "python")).validate()

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import load_sft_config
+from rlinf_cosmos3.validation.sft import load_sft_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "examples" / "sft" / "config"

@@ -18,10 +18,10 @@ from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_act
 from rlinf_cosmos3.checkpoint import disk as disk_module
 from rlinf_cosmos3.checkpoint import list_checkpoints
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import load_sft_config
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.runners.checkpoint_space import plan_checkpoints, preflight
 from rlinf_cosmos3.runners.sft_runner import run_sft
+from rlinf_cosmos3.validation.sft import load_sft_config
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = "libero_sft_cosmos3_tiny"

@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-GRIPPER_CONVENTIONS = ("zero_one", "pm_one", "pm_one_flip")
-"""How a dataset stores the gripper (see the module docstring); ``zero_one`` is ours and NVIDIA's."""
+from rlinf_cosmos3.config.model_settings import GRIPPER_CONVENTIONS  # how a dataset stores the gripper
+
 GRIPPER_COMMANDS = ("binary", "continuous")
 """How the predicted gripper value is sent to the simulator; ``binary`` is the default."""
 # Range of the stored value per convention.

@@ -22,9 +22,10 @@ from numpy.typing import ArrayLike
 
 from rlinf_cosmos3.actions.conversion import ACTION_DIM_10
 from rlinf_cosmos3.actions.stats import load_action_stats, validate_action_stats
+from rlinf_cosmos3.config.model_settings import NORMALIZATIONS
 
 RANGE_FLOOR = 1e-8
-SUPPORTED_METHODS = ("quantile_rot",)
+SUPPORTED_METHODS = NORMALIZATIONS
 # Which stats block each method reads.
 _STATS_BLOCK = {"quantile_rot": "global_raw"}
 

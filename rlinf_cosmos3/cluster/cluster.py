@@ -22,9 +22,9 @@ from types import TracebackType
 
 import ray
 
-from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.cluster.reaper import DRIVER_ENV
 from rlinf_cosmos3.cluster.worker import RANK_TAG_PATTERN
+from rlinf_cosmos3.config.cluster import ClusterConfig
 
 logger = logging.getLogger(__name__)
 

@@ -13,15 +13,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlinf_cosmos3.cluster.config import ClusterConfig
 from rlinf_cosmos3.config.base import load_structured, require
+from rlinf_cosmos3.config.cluster import ClusterConfig
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.rollout.config import (
     EmbeddedConfig,
     RolloutModelConfig,
     SGLangConfig,
 )
-from rlinf_cosmos3.workers.rollout.factory import BACKENDS
 from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
 
 
@@ -55,6 +54,10 @@ class EnvConfig:
     """``env``: the simulator side (only LIBERO for now)."""
 
     eval: EnvEvalConfig = field(default_factory=EnvEvalConfig)
+
+
+BACKENDS = ("sglang", "embedded", "replay")
+"""``rollout.rollout_backend``: the names ``workers/rollout/factory.make_backend`` builds."""
 
 
 @dataclass

@@ -1,38 +1,29 @@
-"""The SFT run config: one dataclass per YAML section, validated once before any worker starts.
+"""The SFT run config: one dataclass per YAML section, and the checks that need nothing but the config.
 
 Sections mirror the reference recipe (RLinf's ``libero_sft_cosmos3.yaml``): ``cluster``, ``runner``,
-``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. ``validate_sft_config`` checks
-every cross-field rule (batch sizes divide, files exist, the stats file matches the data and model
-settings, the dataset's ``meta/info.json`` matches ``data.dataset``, GPUs requested exist) and
-raises :class:`ConfigError` naming the field and the fix.
+``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. The checks here look at values only
+(batch sizes divide, names are known, ranges hold, the reader's settings are the model's); the ones
+that read what is on disk (model directory, stats file, dataset, checkpoint to resume, GPUs) are in
+:mod:`rlinf_cosmos3.validation.sft`, whose ``load_sft_config`` runs all of them before any worker starts
+and raises :class:`ConfigError` naming the field and the fix.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
-from rlinf_cosmos3.actions.gripper import gripper_range_problem
-from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
-from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
-from rlinf_cosmos3.cluster.config import ClusterConfig
-from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, load_structured, require, require_path
-from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
-from rlinf_cosmos3.data.config import LiberoDataConfig
-from rlinf_cosmos3.models.cosmos3.components import missing_components
+from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, require
+from rlinf_cosmos3.config.cluster import ClusterConfig
+from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
+from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, read_settings
 from rlinf_cosmos3.paths import REPO_ROOT
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
-"""= ``rlinf_cosmos3.models.cosmos3.configuration.DEFAULT_MAX_TOKENS_PER_PACK`` (not imported: that module
-needs torch, and configs stay light); a test checks they agree."""
+"""cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000 tokens per
+transformer call (~174 LIBERO samples of 424 tokens); also ``PolicyConfig``'s default."""
 ATTENTION_BACKENDS = ("auto", "flex", "loop")
-CAPTION_STYLES = ("diffusers", "cosmos_framework")
-"""= ``rlinf_cosmos3.models.cosmos3.captions.CAPTION_STYLES`` (configs do not import models); a test checks it."""
-
 SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
-"""= ``rlinf_cosmos3.models.cosmos3.configuration.SIGMA_DISTRIBUTIONS`` (configs do not import models); a test checks it."""
+"""How a training sigma can be drawn (``models/cosmos3/configuration.py`` ``sample_sigma``)."""
 
 
 @dataclass
@@ -64,13 +55,14 @@ class ModelConfig:
     """Train only parameters whose name contains one of these substrings (None: all)."""
     lr_multipliers: dict[str, float] = field(default_factory=dict)
     """Substring of a parameter name -> learning-rate multiplier (action heads: 5.0)."""
-    action_normalization: str = "quantile_rot"
-    domain_name: str = "libero"
-    action_horizon: int = 16
-    num_frames: int = 17
-    canvas_height: int = 192
-    canvas_width: int = 320
-    fps: int = 20
+    # The model settings this section sets (SFT_SETTING_KEYS; declared in config/model_settings.py).
+    action_normalization: str = RECIPE.normalization
+    domain_name: str = RECIPE.domain_name
+    action_horizon: int = RECIPE.action_horizon
+    num_frames: int = RECIPE.num_frames
+    canvas_height: int = RECIPE.canvas_height
+    canvas_width: int = RECIPE.canvas_width
+    fps: int = RECIPE.fps
     resolution_tier: int = 256
     """diffusers' action resolution tier the canvas is sized by (``CosmosActionCondition.resolution_tier``);
     it must size ``canvas_height x canvas_width`` as is (256 for the 192x320 LIBERO canvas)."""
@@ -95,7 +87,7 @@ class ModelConfig:
     attention_backend: str = "auto"
     """Attention of packed samples: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample,
     any device) or ``auto`` (flex on GPU, loop on CPU)."""
-    caption_style: str = "diffusers"
+    caption_style: str = RECIPE.caption_style
     """Training caption: ``diffusers`` (the one diffusers and SGLang build at serving time) or
     ``cosmos_framework`` (NVIDIA's LIBERO training caption, with the layout sentence and the chunk's
     idle frames); part of the model's identity, evaluation must prompt with the same style."""
@@ -212,15 +204,24 @@ class SFTConfig:
     data: DataLoaderConfig = field(default_factory=DataLoaderConfig)
 
 
-def load_sft_config(raw: Any, *, check_gpus: bool = True) -> SFTConfig:
-    """Typed, validated config from a Hydra/OmegaConf object or plain dict (drops Hydra's own keys)."""
-    cfg = load_structured(SFTConfig, raw)
-    validate_sft_config(cfg, check_gpus=check_gpus)
-    return cfg
+SFT_SETTING_KEYS = {
+    "fps": "actor.model.fps", "action_horizon": "actor.model.action_horizon", "num_frames": "actor.model.num_frames",
+    "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
+    "normalization": "actor.model.action_normalization", "domain_name": "actor.model.domain_name",
+    "caption_style": "actor.model.caption_style", "gripper_convention": "data.dataset.gripper_convention",
+}
+"""Model setting -> the SFT config key that sets it. ``view_point`` is not one: the policy composes its
+canvas for the recipe's framing. ``data.dataset`` states fps, horizon, frames and normalisation again for
+its reader (``DATA_SETTING_KEYS``); :func:`check_dataset_values` requires them equal to these."""
 
 
-def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
-    """All cross-field rules of an SFT run; raises :class:`ConfigError` on the first violation."""
+def sft_model_settings(cfg: SFTConfig) -> ModelSettings:
+    """The model settings an SFT run trains with (and writes into its checkpoints' identity)."""
+    return read_settings(cfg, SFT_SETTING_KEYS)
+
+
+def check_sft_values(cfg: SFTConfig) -> None:
+    """The rules on ``cluster``, ``actor`` and ``runner`` values; raises :class:`ConfigError` on the first."""
     cfg.cluster.validate("cluster")
     actor, model, optim, runner = cfg.actor, cfg.actor.model, cfg.actor.optim, cfg.runner
     world = cfg.cluster.world_size
@@ -289,83 +290,26 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
             f"must be >= 1 or null (keep all), got {keep}",
             "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
-    if runner.resume_dir:
-        _check_resume_dir(runner.resume_dir)
-    if runner.eval_interval is not None:
-        _check_online_eval(runner)
 
-    model_dir = require_path(model.model_path, "actor.model.model_path", "Cosmos3 diffusers model", is_dir=True)
-    missing = missing_components(model_dir)
-    require(not missing, "actor.model.model_path",
-            f"'{model_dir}' is not a complete diffusers Cosmos3 directory: it lacks {missing}",
-            "point it at the model directory as downloaded (nvidia/Cosmos3-Nano layout: model_index.json, "
-            "transformer/, vae/, text_tokenizer/, scheduler/) or one written by toolkits/cosmos3/make_tiny_model.py")
 
+def check_dataset_values(cfg: SFTConfig) -> None:
+    """``data``: the reader's own value checks, and the model settings it states again must be the run's."""
     data = cfg.data.dataset
     try:
         data.validate()
     except ConfigError as err:  # the reader's own schema reports fields relative to its section
         raise ConfigError(err.field.replace("data.", "data.dataset.", 1), err.problem, err.fix) from err
-    require_path(data.root, "data.dataset.root", "LeRobot dataset", is_dir=True)
-    stats_path = require_path(data.stats_path, "data.dataset.stats_path", "action stats file", is_dir=False)
     require(cfg.data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {cfg.data.num_workers}",
             "use 0 (decode in the rank's own process) or the number of loader processes per rank")
-
-    # Settings that are part of the model's identity must agree between data and model.
-    pairs = (("fps", data.fps, model.fps), ("num_frames", data.num_frames, model.num_frames),
-             ("chunk_length", data.chunk_length, model.action_horizon),
-             ("normalization", data.normalization, model.action_normalization))
-    for name, data_value, model_value in pairs:
-        require(data_value == model_value, f"data.dataset.{name}",
-                f"{data_value!r} disagrees with the model setting {model_value!r}",
+    # The model settings the reader states again must be the run's.
+    trained, read = sft_model_settings(cfg), read_settings(data, DATA_SETTING_KEYS)
+    for name, key in DATA_SETTING_KEYS.items():
+        require(getattr(read, name) == getattr(trained, name), f"data.dataset.{key}",
+                f"{getattr(read, name)!r} disagrees with the model setting {getattr(trained, name)!r}",
                 "training and evaluation must use the same value: make them equal")
-    _check_stats(stats_path, data.fps, data.chunk_length, data.normalization)
-    _check_gripper_convention(stats_path, data.gripper_convention)
-    _check_dataset(data)
-
-    if check_gpus and cfg.cluster.use_gpus and cfg.cluster.address is None:
-        available = _local_gpu_count()
-        require(available >= cfg.cluster.num_gpus_per_node, "cluster.num_gpus_per_node",
-                f"requested {cfg.cluster.num_gpus_per_node} GPUs per node but this machine has {available}",
-                "set cluster.num_gpus_per_node=0 to train on CPU, or run on a GPU machine")
 
 
-def _check_stats(path: Path, fps: int, chunk_length: int, normalization: str) -> None:
-    """The stats file must be valid (10-D blocks, finite numbers) and, where its metadata records how it
-    was made, made with this run's fps, chunk length and normalisation (the ranks' reader checks the same)."""
-    try:
-        meta = load_action_stats(path).get("metadata", {})
-    except (OSError, ActionStatsError) as err:
-        raise ConfigError("data.dataset.stats_path", f"cannot use stats file '{path}': {err}",
-                          "compute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset") from err
-    for key, expected in (("fps", fps), ("chunk_length", chunk_length), ("normalization", normalization)):
-        if key in meta:
-            require(meta[key] == expected, "data.dataset.stats_path",
-                    f"stats in '{path}' were computed with {key}={meta[key]!r} but the run uses {key}={expected!r}",
-                    "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
-
-
-def _check_gripper_convention(path: Path, convention: str) -> None:
-    """The stats' gripper range (and recorded convention, when there is one) must fit ``data.dataset.gripper_convention``.
-
-    A ±1 dataset trained as ``zero_one`` (or the reverse) trains fine and evaluates with every gripper
-    command inverted or halved, so it is stopped here, from the stats file alone.
-    """
-    try:
-        stats = load_action_stats(path)
-    except (OSError, ActionStatsError) as err:
-        raise ConfigError("data.dataset.stats_path", f"malformed action stats file: {err}") from err
-    recorded = stats.get("metadata", {}).get("gripper_convention")
-    require(recorded in (None, convention), "data.dataset.gripper_convention",
-            f"'{convention}' but the stats in '{path}' were computed for gripper_convention='{recorded}'",
-            f"set data.dataset.gripper_convention={recorded} or use stats of this dataset")
-    raw = stats["global_raw"]
-    problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], convention)
-    require(problem is None, "data.dataset.gripper_convention", f"'{convention}' but in the stats '{path}' {problem}",
-            "set the convention the dataset really stores (zero_one, pm_one or pm_one_flip)")
-
-
-def _check_online_eval(runner: RunnerConfig) -> None:
+def check_online_eval(runner: RunnerConfig) -> None:
     """The schedule and the eval config's name; the eval config itself is checked by the driver."""
     interval, online = runner.eval_interval, runner.online_eval
     require(interval is not None and interval >= 1, "runner.eval_interval", f"must be >= 1 or null, got {interval}")
@@ -383,59 +327,6 @@ def _check_online_eval(runner: RunnerConfig) -> None:
         require(key not in ONLINE_EVAL_FORCED, "runner.online_eval.overrides",
                 f"'{override}': {key} is set by the online evaluation itself (embedded backend, the converted "
                 "checkpoint, this run's stats file, a directory inside this run)", f"drop '{override}'")
-
-
-def _check_resume_dir(value: str) -> None:
-    """Only a complete checkpoint is resumed from: the exact ``global_step_<N>`` name and its marker."""
-    resume = require_path(value, "runner.resume_dir", "checkpoint to resume", is_dir=True)
-    fix = ("point it at a complete checkpoint, .../checkpoints/global_step_<N> with a COMPLETE file "
-           "(the newest complete one of a run is the highest such N)")
-    require(parse_step(resume) is not None, "runner.resume_dir",
-            f"'{resume}' is not a global_step_<N> directory"
-            + (" (it is the temporary directory of a save that did not finish)" if ".tmp-" in resume.name
-               else " (it is a checkpoint being deleted)" if ".old-" in resume.name else ""), fix)
-    require(is_complete_checkpoint(resume), "runner.resume_dir",
-            f"'{resume}' is not a complete checkpoint: it has no {COMPLETE_MARKER} marker (the save that wrote it "
-            "did not finish, or the directory was copied partially)", fix)
-
-
-def check_micro_batch_fits(cfg: SFTConfig) -> int:
-    """Every rank needs one full micro-batch per epoch (its loader drops a partial one); returns the samples.
-
-    Counts the samples from the dataset's ``meta/episodes`` (lengths, success column): the SFT driver
-    runs it right after :func:`validate_sft_config`, before Ray, so a micro-batch larger than the data
-    fails there and not in every rank's first step.
-    """
-    data, world, micro = cfg.data.dataset, cfg.cluster.world_size, cfg.actor.micro_batch_size
-    try:
-        samples = count_training_samples(data)
-    except DatasetMismatchError as err:
-        raise ConfigError(f"data.dataset.{err.field}", err.problem, err.fix) from err
-    per_rank = -(-samples // world)
-    require(per_rank >= micro, "actor.micro_batch_size",
-            f"{micro} is more than the {per_rank} sample(s) each of the {world} ranks gets per epoch: the dataset "
-            f"at '{data.root}' gives {samples} training sample(s) with these data.dataset settings",
-            f"set actor.micro_batch_size to at most {per_rank} (and actor.global_batch_size to a multiple of it "
-            "x the world size), or train on more episodes")
-    return samples
-
-
-def _check_dataset(data: LiberoDataConfig) -> None:
-    """The dataset's ``meta/info.json`` against ``data.dataset`` (cameras, action/state, fps, episodes).
-
-    The reader's own checks, run here so that a wrong dataset stops the driver before Ray or any
-    rank starts, instead of failing in every rank or in the first training step.
-    """
-    try:
-        check_dataset_info(data)
-    except DatasetMismatchError as err:
-        raise ConfigError(f"data.dataset.{err.field}", err.problem, err.fix) from err
-
-
-def _local_gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 HYDRA_SCHEMA = "sft_schema"

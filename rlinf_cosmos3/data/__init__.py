@@ -1,8 +1,8 @@
 """LeRobot v3 LIBERO dataset -> training samples (frames, normalised 10-D action chunks, prompt).
 
 The reader (:class:`LiberoLeRobotDataset`, :func:`collate_samples`) needs torch and lerobot; they
-are imported on first use, so the config schema and the dataset checks (``data.config``,
-``data.checks``) stay importable by the SFT driver's config validation without them.
+are imported on first use, so the dataset checks (``data.checks``) stay importable by the SFT
+driver's config validation without them. The ``data.dataset`` schema is :mod:`rlinf_cosmos3.config.data`.
 Layout and padding rules: docs/data.md.
 """
 
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
-from rlinf_cosmos3.data.config import (
+from rlinf_cosmos3.config.data import (
     MAIN_IMAGE_KEY,
     SUPPORTED_NORMALIZATIONS,
     WRIST_IMAGE_KEY,
     LiberoDataConfig,
     image_output_name,
 )
+from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.data.collate import collate_samples

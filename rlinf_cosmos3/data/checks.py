@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_cosmos3.data.config import ACTION_KEY, RAW_ACTION_DIM, STATE_DIM, STATE_KEY, LiberoDataConfig
+from rlinf_cosmos3.config.data import ACTION_KEY, RAW_ACTION_DIM, STATE_DIM, STATE_KEY, LiberoDataConfig
 
 # lerobot's reader only understands the v3 layout.
 SUPPORTED_CODEBASE_PREFIX = "v3."

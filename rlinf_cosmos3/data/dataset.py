@@ -44,8 +44,8 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, count_idle_frames, encode_model_actions
 from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.config.data import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
-from rlinf_cosmos3.data.config import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
 from rlinf_cosmos3.data.image_frames import ImageFeatureWindows
 
 logger = logging.getLogger(__name__)

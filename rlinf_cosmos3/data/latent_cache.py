@@ -37,8 +37,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.config.data import LiberoDataConfig
 from rlinf_cosmos3.data.collate import collate_samples
-from rlinf_cosmos3.data.config import LiberoDataConfig
 
 logger = logging.getLogger(__name__)
 

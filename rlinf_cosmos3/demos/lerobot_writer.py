@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlinf_cosmos3.actions import libero_command_to_dataset_gripper
-from rlinf_cosmos3.data.config import ACTION_KEY, MAIN_IMAGE_KEY, STATE_KEY, WRIST_IMAGE_KEY
+from rlinf_cosmos3.config.data import ACTION_KEY, MAIN_IMAGE_KEY, STATE_KEY, WRIST_IMAGE_KEY
 from rlinf_cosmos3.procgroup import keep_scheduling
 
 logger = logging.getLogger(__name__)

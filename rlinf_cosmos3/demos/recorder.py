@@ -8,7 +8,8 @@ Success comes only from the simulator's ``check_success``: ``success`` at the la
 ``success_once`` over all recorded steps. Failed episodes are dropped unless ``keep_failed``.
 
 Several simulator processes (``num_envs``) step in lockstep, each on its own core; finished episodes
-are written one at a time by the main process.
+are written one at a time by the main process. Each process goes through an episode as evaluation's env
+slots do (:class:`~rlinf_cosmos3.sim.episode.EpisodeProgress`), one scripted command per step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from rlinf_cosmos3.demos.lerobot_writer import DemoDatasetWriter, EpisodeRecord
 from rlinf_cosmos3.demos.record_config import RecordConfig
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace, UnsupportedTaskError
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +62,16 @@ class _Episode:
     success: bool = False
     success_once: bool = False
     skipped: str | None = None
-    stage: str = "make"
     started: float = field(default_factory=time.monotonic)
 
 
 class _RecorderSlot:
-    """One simulator process and the episode it is running."""
+    """One simulator process, where it is in its episode, and the episode's recording."""
 
-    def __init__(self, proc: LiberoSimProcess) -> None:
+    def __init__(self, proc: LiberoSimProcess, num_settle_steps: int) -> None:
         self.proc = proc
-        self.task_id: int | None = None
-        self.task = ""
+        self.sim = EpisodeProgress(num_settle_steps, privileged=True)  # scripted policies read the scene
+        self.task = ""  # LIBERO's instruction of the task the process holds
         self.episode: _Episode | None = None
 
 
@@ -94,45 +94,40 @@ class DemoRecorder:
     # ------------------------------------------------------------------ per-slot requests
     def _next_request(self, slot: _RecorderSlot) -> None:
         """Send the request that moves ``slot``'s episode forward."""
-        ep = slot.episode
+        ep, sim = slot.episode, slot.sim
         assert ep is not None
         cfg = self.cfg
-        if ep.stage == "make":
-            slot.proc.send("make", suite=cfg.suite, task_id=ep.task_id, camera_height=cfg.image_size,
-                           camera_width=cfg.image_size, seed=cfg.seed)
-        elif ep.stage == "reset":
-            slot.proc.send("reset", init_state_id=ep.init_state_id, privileged=True)
-        elif ep.stage == "settle":
-            noop = np.tile(np.asarray(NOOP_ACTION, dtype=np.float64), (cfg.num_settle_steps, 1))
-            slot.proc.send("chunk_step", {"actions": noop}, privileged=True)
-        else:  # run
+        if sim.phase is Phase.START:
+            sim.send_start(slot.proc, camera_height=cfg.image_size, camera_width=cfg.image_size, seed=cfg.seed)
+        elif sim.phase is Phase.SETTLE:
+            sim.send_chunk(slot.proc)
+        else:  # READY: the scripted command for this observation, recorded with it, is the next step
             assert ep.policy is not None and ep.obs is not None
             command = ep.policy.act(ep.obs)
             label = ep.policy.last_clean_action if cfg.recorded_action == "clean" else command
             ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], label))
-            slot.proc.send("step", {"action": command}, privileged=True)
+            sim.give(np.asarray(command)[None])
+            sim.send_chunk(slot.proc)
 
     def _on_reply(self, slot: _RecorderSlot, reply: Reply) -> bool:
         """Advance ``slot``'s episode with ``reply``; True when the episode has ended."""
-        ep = slot.episode
+        ep, sim = slot.episode, slot.sim
         assert ep is not None
-        if ep.stage == "make":
-            slot.task_id, slot.task = ep.task_id, str(reply["task"])
-            self.task_text[ep.task_id] = slot.task
-            ep.task, ep.stage = slot.task, "reset"
+        cmd = sim.on_reply(reply)
+        if cmd == "make":
+            slot.task = str(reply["task"])
+            self.task_text[ep.task_id] = ep.task = slot.task
             return False
         ep.obs = reply
-        if ep.stage == "reset" and self.cfg.num_settle_steps > 0:
-            ep.stage = "settle"
+        if sim.phase is Phase.SETTLE:
             return False
-        if ep.stage in ("reset", "settle"):
+        if cmd in ("reset", "settle"):  # settled: the scripted policy starts from this observation
             try:
                 ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy,
                                               seed=self.cfg.seed * 100003 + ep.task_id * 1009 + ep.init_state_id)
             except UnsupportedTaskError as exc:
                 ep.skipped = self.unsupported[ep.task_id] = str(exc)
                 return True
-            ep.stage = "run"
             return False
         ep.success = bool(reply["success"])
         ep.success_once |= ep.success
@@ -142,8 +137,9 @@ class DemoRecorder:
     def _start(self, slot: _RecorderSlot, job: tuple[int, int]) -> None:
         task_id, init_id = job
         slot.episode = _Episode(task_id=task_id, init_state_id=init_id)
-        if slot.task_id == task_id:
-            slot.episode.task, slot.episode.stage = slot.task, "reset"
+        slot.sim.begin(self.cfg.suite, task_id, init_id)
+        if slot.sim.built == (self.cfg.suite, task_id):  # no make: the process holds this task
+            slot.episode.task = slot.task
 
     def _skip(self, ep: _Episode) -> RecordedEpisodeResult:
         logger.warning("%s task %d init %d: skipped, %s", self.cfg.suite, ep.task_id, ep.init_state_id, ep.skipped)
@@ -178,7 +174,7 @@ class DemoRecorder:
     def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[RecordedEpisodeResult]:
         """Record every job on ``procs`` (lockstep); ``progress`` is an optional tqdm bar."""
         jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids)[::-1]
-        slots = [_RecorderSlot(p) for p in procs]
+        slots = [_RecorderSlot(p, self.cfg.num_settle_steps) for p in procs]
         while True:
             for slot in slots:
                 while slot.episode is None and jobs:
@@ -200,6 +196,7 @@ class DemoRecorder:
                     assert slot.episode is not None
                     self._record(self._finish(slot.episode), progress)
                     slot.episode = None
+                    slot.sim.end()
 
     def _record(self, result: RecordedEpisodeResult, progress: Any) -> None:
         self.results.append(result)

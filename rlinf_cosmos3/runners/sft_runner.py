@@ -24,13 +24,12 @@ from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
 from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
 from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import SFTConfig, check_micro_batch_fits, load_sft_config
+from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
 from rlinf_cosmos3.models.cosmos3.identity import (
     IDENTITY_FILE,
     IdentityError,
     ModelIdentity,
     compare_identities,
-    file_sha256,
     read_identity,
 )
 from rlinf_cosmos3.runners.checkpoint_space import (
@@ -43,6 +42,7 @@ from rlinf_cosmos3.runners.checkpoint_space import (
 )
 from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
+from rlinf_cosmos3.validation.sft import check_micro_batch_fits, load_sft_config
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
@@ -105,27 +105,13 @@ def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
 
 
 def training_identity(cfg: SFTConfig) -> ModelIdentity:
-    """What this run trains, written into every checkpoint: the model settings (validated against the
-    data), the caption framing of the composed canvas and the caption style, the dataset's gripper
-    convention, and the stats file's hash."""
-    # The framing the policy composes its canvas for (PolicyConfig's default; SFT does not change it).
-    from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT
-
-    model, stats = cfg.actor.model, Path(cfg.data.dataset.stats_path)
-    return ModelIdentity(fps=model.fps, action_horizon=model.action_horizon, num_frames=model.num_frames,
-                         canvas_height=model.canvas_height, canvas_width=model.canvas_width, view_point=VIEW_POINT,
-                         normalization=model.action_normalization, stats_sha256=file_sha256(stats),
-                         domain_name=model.domain_name, caption_style=model.caption_style,
-                         gripper_convention=cfg.data.dataset.gripper_convention, stats_path=str(stats.resolve()))
+    """What this run trains, written into every checkpoint: its model settings (validated against the
+    data; the framing is the recipe's, which the policy composes its canvas for) and the stats file's hash."""
+    return ModelIdentity.of(sft_model_settings(cfg), Path(cfg.data.dataset.stats_path).resolve())
 
 
-RESUME_IDENTITY_FIELDS = {
-    "fps": "actor.model.fps", "action_horizon": "actor.model.action_horizon", "num_frames": "actor.model.num_frames",
-    "canvas_height": "actor.model.canvas_height", "canvas_width": "actor.model.canvas_width",
-    "view_point": "actor.model.view_point", "normalization": "actor.model.action_normalization",
-    "stats_sha256": "data.dataset.stats_path", "domain_name": "actor.model.domain_name",
-    "caption_style": "actor.model.caption_style", "gripper_convention": "data.dataset.gripper_convention",
-}
+RESUME_IDENTITY_FIELDS = {**SFT_SETTING_KEYS, "view_point": "actor.model.view_point",
+                          "stats_sha256": "data.dataset.stats_path"}
 """Identity field -> the SFT config field that sets it (``view_point`` is fixed by the policy, not configurable)."""
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import math
 
-CAPTION_STYLES = ("diffusers", "cosmos_framework")
+from rlinf_cosmos3.config.model_settings import CAPTION_STYLES
+
 CONCAT_VIEW = "concat_view"
 CONCAT_VIEW_SENTENCE = "This video contains concatenated views from multiple camera perspectives."
 """cosmos-framework's framing sentence for ``concat_view`` (diffusers and SGLang use the same text)."""

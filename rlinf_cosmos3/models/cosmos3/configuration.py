@@ -8,18 +8,21 @@ caption dropout), ``rectified_flow.py`` (``TrainTimeSampler``: how a training si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
-from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, LIBERO_DOMAIN_NAME, get_action_domain
-from rlinf_cosmos3.models.cosmos3.observation import CANVAS_HEIGHT, CANVAS_WIDTH, VIEW_POINT
+from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, setting_values
+from rlinf_cosmos3.config.sft import (
+    DEFAULT_MAX_TOKENS_PER_PACK,
+    SIGMA_DISTRIBUTIONS,
+    SFTConfig,
+    sft_model_settings,
+)
+from rlinf_cosmos3.models.cosmos3.captions import CONCAT_VIEW
+from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
 from rlinf_cosmos3.models.cosmos3.packed_attention import BACKENDS as ATTENTION_BACKENDS
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
-
-if TYPE_CHECKING:
-    from rlinf_cosmos3.config.sft import SFTConfig
 
 NUM_TRAIN_TIMESTEPS = 1000
 """Timestep = sigma x 1000 (``omni_mot_model.py`` L1808; the transformer's ``timestep_scale`` 0.001
@@ -30,11 +33,6 @@ SHIFT_BY_TIER = {"256": 3.0, "480": 5.0, "720": 10.0}
 canvas tier (``utils/generator/image_resize.py`` ``get_vision_data_resolution``)."""
 
 WAVER_MODE_S = 1.29  # rectified_flow.py TrainTimeSampler._WAVER_MODE_S
-SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
-
-DEFAULT_MAX_TOKENS_PER_PACK = 74_000
-"""cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000
-tokens per transformer call (~174 LIBERO samples of 424 tokens)."""
 
 
 def canvas_tier(height: int, width: int) -> str:
@@ -87,20 +85,16 @@ def generator_device(generator: torch.Generator | None) -> torch.device:
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """What the policy is (must match serving) and how it is trained (NVIDIA's LIBERO recipe)."""
+class PolicyConfig(ModelSettings):
+    """What the policy is (its :class:`ModelSettings`, which serving must match) and how it is trained
+    (NVIDIA's LIBERO recipe). Of the settings the policy itself uses the canvas, framing, horizon,
+    frames, fps, domain and caption style; normalisation and gripper convention act on the actions
+    outside it (data reader, rollout adapter)."""
 
-    domain_name: str = LIBERO_DOMAIN_NAME
-    action_horizon: int = ACTION_HORIZON
-    fps: float = 20.0
-    canvas_height: int = CANVAS_HEIGHT
-    canvas_width: int = CANVAS_WIDTH
+    fps: float = float(RECIPE.fps)
+    """As a float: what diffusers' pipeline and the caption take."""
     resolution_tier: int = 256
     """diffusers ``CosmosActionCondition.resolution_tier``; must bin to the canvas size."""
-    view_point: str = VIEW_POINT
-    caption_style: str = "diffusers"
-    """``diffusers`` (the caption diffusers and SGLang build) or ``cosmos_framework`` (NVIDIA's LIBERO
-    training caption, :mod:`~rlinf_cosmos3.models.cosmos3.captions`); part of the model's identity."""
     main_image_key: str = "image"
     wrist_image_key: str = "wrist_image"
     sigma_distribution: str = "waver"
@@ -157,10 +151,14 @@ class PolicyConfig:
         if self.vae_batch_size < 1:
             raise ValueError(f"vae_batch_size must be >= 1, got {self.vae_batch_size}")
         get_action_domain(self.domain_name)
+        if self.num_frames != self.action_horizon + 1:
+            raise ValueError(f"num_frames must be action_horizon + 1 = {self.action_horizon + 1} (the conditioning "
+                             f"frame and one per action), got {self.num_frames}")
 
-    @property
-    def num_frames(self) -> int:
-        return self.action_horizon + 1
+    @classmethod
+    def from_settings(cls, settings: ModelSettings, **training: Any) -> PolicyConfig:
+        """The policy of a model with ``settings``, trained with ``training`` (the other fields)."""
+        return cls(**{**setting_values(settings), "fps": float(settings.fps)}, **training)
 
     @property
     def training_shift(self) -> float:
@@ -168,15 +166,11 @@ class PolicyConfig:
 
 
 def policy_config_from_sft(cfg: SFTConfig, *, precision: str) -> PolicyConfig:
-    """The :class:`PolicyConfig` an SFT run trains with (``precision``: the rank's compute precision)."""
+    """The :class:`PolicyConfig` an SFT run trains with: its model settings (:func:`~rlinf_cosmos3.config.sft.
+    sft_model_settings`) and ``actor.model``'s recipe (``precision``: the rank's compute precision)."""
     model = cfg.actor.model
-    return PolicyConfig(
-        domain_name=model.domain_name,
-        action_horizon=model.action_horizon,
-        fps=float(model.fps),
-        canvas_height=model.canvas_height,
-        canvas_width=model.canvas_width,
-        caption_style=model.caption_style,
+    return PolicyConfig.from_settings(
+        sft_model_settings(cfg),
         resolution_tier=model.resolution_tier,
         sigma_distribution=model.sigma_distribution,
         action_sigma_distribution=model.action_sigma_distribution,

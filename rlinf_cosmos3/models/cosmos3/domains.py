@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlinf_cosmos3.config.model_settings import RECIPE
+
 LIBERO_DOMAIN_NAME = "libero"
 LIBERO_DOMAIN_ID = 5
 LIBERO_RAW_ACTION_DIM = 10
-ACTION_HORIZON = 16
+ACTION_HORIZON = RECIPE.action_horizon
 NUM_INFERENCE_STEPS = 30
 """Denoising steps per action request: NVIDIA's LIBERO eval samples with 30 UniPC steps
 (docs/action_conventions.md §7); the default of ``rollout.model`` and of ``Cosmos3Policy.predict``."""

@@ -1,11 +1,12 @@
-"""A trained policy's identity: the settings evaluation must reproduce exactly, declared once.
+"""A trained policy's identity: the settings evaluation must reproduce exactly, recorded with the model.
 
 A Cosmos3 policy trained at 20 fps, on a 192x320 side-by-side canvas framed as ``concat_view``,
 with 16-step chunks normalised by one stats file, gives wrong actions -- and no error -- when it is
-served with another fps, canvas, framing, horizon or stats file. So SFT writes this record into
-every checkpoint (``global_step_<N>/model_identity.json``), the converter copies it to the root of
-the diffusers directory, and evaluation compares it with its ``rollout.model.*`` settings before
-any server or simulator starts.
+served with another fps, canvas, framing, horizon or stats file. Those settings are declared once,
+in :class:`~rlinf_cosmos3.config.model_settings.ModelSettings`; :class:`ModelIdentity` is them plus
+the stats file's hash. SFT writes it into every checkpoint (``global_step_<N>/model_identity.json``),
+the converter copies it to the root of the diffusers directory, and evaluation compares it with its
+``rollout.model.*`` settings before any server or simulator starts.
 
 ``num_inference_steps``, the seed, the guidance scale, the flow shift and how the gripper value is
 sent (binary or continuous) are choices made at serving time, not fixed by training, so they are
@@ -24,13 +25,17 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from rlinf_cosmos3.config.model_settings import ModelSettings, setting_values
 
 IDENTITY_FILE = "model_identity.json"
 """File name in a ``global_step_<N>/`` checkpoint directory and at the root of a converted model."""
 IDENTITY_FORMAT_VERSION = 1
+OPTIONAL_IN_FILE = ("caption_style", "gripper_convention", "stats_path")
+"""Fields a file may lack (written before they existed): read as their defaults, ``diffusers`` and ``zero_one``."""
 
 
 class IdentityError(ValueError):
@@ -38,30 +43,19 @@ class IdentityError(ValueError):
 
 
 @dataclass(frozen=True)
-class ModelIdentity:
-    """What the model was trained with; every field but ``stats_path`` must match at serving time."""
+class ModelIdentity(ModelSettings):
+    """What the model was trained with: its :class:`ModelSettings` and the stats file's hash. Every field
+    but ``stats_path`` must match at serving time."""
 
-    fps: int
-    action_horizon: int
-    """Actions predicted per chunk (16 for LIBERO)."""
-    num_frames: int
-    """Video frames per sample: the conditioning frame plus one per action."""
-    canvas_height: int
-    canvas_width: int
-    view_point: str
-    """Framing sentence of the action caption (``concat_view``: main and wrist view side by side)."""
-    normalization: str
-    """Action normalisation method (``quantile_rot``)."""
-    stats_sha256: str
+    stats_sha256: str = field(kw_only=True)
     """SHA-256 of the action stats file's bytes: the same file, not just the same name."""
-    domain_name: str
-    """Embodiment domain of the action head (``libero``)."""
-    caption_style: str = "diffusers"
-    """Action caption the model was trained with (:mod:`~rlinf_cosmos3.models.cosmos3.captions`)."""
-    gripper_convention: str = "zero_one"
-    """How the training data stored the gripper (:mod:`rlinf_cosmos3.actions.gripper`)."""
-    stats_path: str = ""
+    stats_path: str = field(default="", kw_only=True)
     """Where the stats file was when the model was trained: a hint for error messages, never compared."""
+
+    @classmethod
+    def of(cls, settings: ModelSettings, stats_path: str | Path) -> ModelIdentity:
+        """The identity of a model with ``settings`` whose actions are normalised by the stats file at ``stats_path``."""
+        return cls(**setting_values(settings), stats_sha256=file_sha256(stats_path), stats_path=str(stats_path))
 
     def to_json(self) -> str:
         return json.dumps({"format_version": IDENTITY_FORMAT_VERSION, **asdict(self)}, indent=2) + "\n"
@@ -82,7 +76,7 @@ class ModelIdentity:
             raise IdentityError(f"{source} has format_version {version}; this rlinf-cosmos3 reads up to "
                                 f"{IDENTITY_FORMAT_VERSION} (update rlinf-cosmos3)")
         declared = get_type_hints(cls)
-        required = [f.name for f in fields(cls) if f.default is MISSING]
+        required = [f.name for f in fields(cls) if f.name not in OPTIONAL_IN_FILE]
         missing = [name for name in required if name not in raw]
         unknown = sorted(set(raw) - set(declared))
         if missing or unknown:

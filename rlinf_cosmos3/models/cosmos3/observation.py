@@ -40,11 +40,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-CANVAS_HEIGHT = 192
-CANVAS_WIDTH = 320
+from rlinf_cosmos3.config.model_settings import RECIPE
+
+CANVAS_HEIGHT = RECIPE.canvas_height
+CANVAS_WIDTH = RECIPE.canvas_width
 """The 256-tier canvas for a 2:1 side-by-side LIBERO observation (reference eval config)."""
 
-VIEW_POINT = "concat_view"
+VIEW_POINT = RECIPE.view_point
 """Framing sentence of the action caption for a side-by-side two-camera image (diffusers and
 SGLang both take it: ``CosmosActionCondition.view_point`` / request ``action_view_point``).
 Training and serving must use the same value."""

@@ -28,7 +28,7 @@ from rlinf_cosmos3.cluster import Worker
 from rlinf_cosmos3.components.ema import PowerEMA
 from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
 from rlinf_cosmos3.components.train_step import sample_generators, train_step
-from rlinf_cosmos3.config.sft import SFTConfig, load_sft_config
+from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler, SamplerPosition
 from rlinf_cosmos3.models.cosmos3.configuration import (
@@ -39,6 +39,7 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
 from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
 from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize, precision_dtype
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+from rlinf_cosmos3.validation.sft import load_sft_config
 
 __all__ = ["FSDPSFTWorker", "sample_generators"]
 

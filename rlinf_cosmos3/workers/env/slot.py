@@ -4,7 +4,8 @@ The slot never blocks on its own: :meth:`EnvSlot.send_request` sends the next co
 :meth:`EnvSlot.on_reply` consumes its answer, so :class:`~rlinf_cosmos3.workers.env.stage.EnvStage`
 can send to every slot before collecting any reply and the simulators run in parallel.
 
-Episode life: ``START`` (``make`` the task if this process has not built it, then ``reset`` to the
+Episode life (:class:`~rlinf_cosmos3.sim.episode.EpisodeProgress`, shared with the demonstration
+recorder): ``START`` (``make`` the task if this process has not built it, then ``reset`` to the
 init state) -> ``SETTLE`` (``num_settle_steps`` no-ops) -> ``READY`` (observation out, waiting for an
 action chunk) -> ``STEP`` (the chunk, cut at the cap) -> ``READY`` ... until the cap or, with
 ``stop_on_success``, the first success; then the next assigned episode starts, or the slot goes
@@ -17,7 +18,6 @@ once per assigned episode.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, SimProcessError
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
 from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply
@@ -44,14 +44,6 @@ STATE_DIM = 8
 MIN_SIM_HORIZON = 1000
 
 
-class Phase(enum.Enum):
-    IDLE = "idle"  # no episode left; no process
-    START = "start"  # make (if needed) and reset
-    SETTLE = "settle"  # no-op steps still to run
-    READY = "ready"  # observation available, waiting for actions
-    STEP = "step"  # actions still to run
-
-
 class EnvSlot:
     """A simulator process evaluating its queue of episodes one after the other."""
 
@@ -66,19 +58,15 @@ class EnvSlot:
         self.num_process_starts = 0
         self.proc: LiberoSimProcess | None = None
         self.closing: LiberoSimProcess | None = None  # sent "close", reply not collected yet
-        self.phase = Phase.IDLE
+        self.sim = EpisodeProgress(cfg.num_settle_steps, privileged=False)
         self.episode: Episode | None = None
         self.attempts = 0
         self.prompt = ""
         self.obs: dict[str, np.ndarray] = {}
-        self.steps = 0
         self.success_once = False
         self.success_at_end = False
         # An episode that names no suite (the pure layout functions' default) is of the run's first suite.
         self._queue = deque(e if e.suite else e._replace(suite=cfg.resolved_suites()[0]) for e in episodes)
-        self._built_task: tuple[str, int] | None = None  # (suite, task) of the env the process holds
-        self._in_flight: str | None = None
-        self._pending: np.ndarray = np.zeros((0, ACTION_DIM))
         self._video: EpisodeVideoWriter | None = None
         self._next_episode()
 
@@ -86,6 +74,15 @@ class EnvSlot:
         return f"EnvSlot({self.slot_id}, {self.phase.value}, episode={self.episode}, steps={self.steps})"
 
     # ------------------------------------------------------------------ state
+    @property
+    def phase(self) -> Phase:
+        return self.sim.phase
+
+    @property
+    def steps(self) -> int:
+        """Simulator steps of the current episode since its reset, settle steps included."""
+        return self.sim.steps
+
     @property
     def idle(self) -> bool:
         return self.phase is Phase.IDLE
@@ -118,7 +115,7 @@ class EnvSlot:
         self.proc = LiberoSimProcess(
             name=f"libero-env-slot{self.slot_id}", python=self.cfg.interpreter, timeout_s=self.cfg.sim_timeout_s,
             startup_timeout_s=self.cfg.sim_startup_timeout_s)
-        self._built_task = None
+        self.sim.forget_env()
 
     def close(self) -> None:
         """Stop the process politely (SIGTERM/SIGKILL behind it); drop an unfinished video."""
@@ -136,7 +133,7 @@ class EnvSlot:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
-        if self._in_flight is not None or not proc.alive:  # out of step or dead: no polite request
+        if self.sim.in_flight is not None or not proc.alive:  # out of step or dead: no polite request
             proc.kill()
             return
         try:
@@ -176,20 +173,12 @@ class EnvSlot:
         self.ensure_process()
         assert self.proc is not None and self.episode is not None
         if self.phase is Phase.START:
-            if self._built_task != (self.episode.suite, self.episode.task_id):
-                size = self.cfg.image_size
-                self.proc.send("make", suite=self.episode.suite, task_id=self.episode.task_id, camera_height=size,
-                               camera_width=size, seed=self.cfg.seed, horizon=max(MIN_SIM_HORIZON, self.cap + 1),
-                               hard_reset=True)
-                self._in_flight = "make"
-            else:
-                self.proc.send("reset", init_state_id=self.episode.trial_id, privileged=False)
-                self._in_flight = "reset"
+            size = self.cfg.image_size
+            self.sim.send_start(self.proc, camera_height=size, camera_width=size, seed=self.cfg.seed,
+                                horizon=max(MIN_SIM_HORIZON, self.cap + 1), hard_reset=True)
             return
         stop = self.phase is Phase.STEP and self.cfg.stop_on_success
-        self.proc.send("chunk_step", {"actions": self._pending}, stop_on_success=stop,
-                       return_frames=self.cfg.records_video, privileged=False)
-        self._in_flight = self.phase.value
+        self.sim.send_chunk(self.proc, stop_on_success=stop, return_frames=self.cfg.records_video)
 
     def receive(self) -> Reply:
         """The reply to the request in flight (raises a SIM_FAILURES error if the process fails)."""
@@ -203,46 +192,35 @@ class EnvSlot:
         actions = np.asarray(actions, dtype=np.float64)
         if actions.ndim != 2 or actions.shape[1] != ACTION_DIM or len(actions) == 0:
             raise ValueError(f"slot {self.slot_id}: actions must have shape [K>=1, {ACTION_DIM}], got {actions.shape}")
-        self._pending = actions[: self.cap - self.steps]
-        self.phase = Phase.STEP
+        self.sim.give(actions[: self.cap - self.steps])
 
     # ------------------------------------------------------------------ replies
     def on_reply(self, reply: Reply) -> EpisodeResult | None:
         """Advance with the reply to the command in flight; the result if the episode ended."""
-        cmd, self._in_flight = self._in_flight, None
         assert self.episode is not None
+        cmd = self.sim.on_reply(reply)
         if cmd == "make":
-            self._built_task = (self.episode.suite, self.episode.task_id)
             self.num_makes += 1
             self.prompt = prompt_from_make_reply(reply)
             return None  # still START: the reset follows
-        if cmd == "reset":
-            self._set_obs(reply)
-            self._pending = np.tile(np.asarray(NOOP_ACTION, dtype=np.float64), (self.cfg.num_settle_steps, 1))
-            self.phase = Phase.SETTLE if len(self._pending) else Phase.READY
-            return None
-        if cmd not in ("settle", "step"):
-            raise RuntimeError(f"slot {self.slot_id}: reply to unknown command {cmd!r}")
-        n = int(reply["num_steps"])
-        self.steps += n
-        self._pending = self._pending[n:]
         self._set_obs(reply)
+        if cmd == "reset":
+            return None
         self._record_frames(reply)
         if cmd == "settle":  # objects settling: success is not the policy's yet
-            self.phase = Phase.SETTLE if len(self._pending) else Phase.READY
             return None
         successes = np.asarray(reply["successes"], dtype=bool)
         self.success_once |= bool(successes.any())
         self.success_at_end = bool(successes[-1])
         if self.steps >= self.cap or (self.cfg.stop_on_success and self.success_once):
             return self._finish(error=None)
-        # The bridge stops a chunk at LIBERO's done (= success); without stop_on_success the rest still runs.
-        self.phase = Phase.STEP if len(self._pending) else Phase.READY
+        # The bridge stops a chunk at LIBERO's done (= success); without stop_on_success the rest still runs
+        # (the episode stays STEP until its chunk is used up).
         return None
 
     def on_failure(self, exc: BaseException) -> EpisodeResult | None:
         """The process failed: replace it and re-run the episode, or report it after the last attempt."""
-        self._in_flight = None
+        self.sim.in_flight = None
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         assert self.episode is not None
         logger.warning("slot %d: %s on %s task %d trial %d (attempt %d/%d): %s", self.slot_id, type(exc).__name__,
@@ -277,13 +255,12 @@ class EnvSlot:
             self._video = None
 
     def _begin_attempt(self) -> None:
+        assert self.episode is not None
         self.attempts += 1
-        self.steps = 0
+        self.sim.begin(self.episode.suite, self.episode.task_id, self.episode.trial_id)
         self.success_once = self.success_at_end = False
         self.obs = {}
-        self._pending = np.zeros((0, ACTION_DIM))
         self._discard_video()
-        self.phase = Phase.START
 
     def _next_episode(self) -> None:
         if self._queue:
@@ -293,7 +270,7 @@ class EnvSlot:
             self._begin_attempt()
             return
         self.episode = None
-        self.phase = Phase.IDLE
+        self.sim.end()
         # Frees the process's memory and core for the slots still running; the stage collects the
         # reply at the end of its call, together with the other slots that went idle meanwhile.
         self.begin_close()

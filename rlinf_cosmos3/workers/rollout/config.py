@@ -18,12 +18,18 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
-from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, GRIPPER_CONVENTIONS, gripper_range_problem
-from rlinf_cosmos3.actions.normalization import SUPPORTED_METHODS
+from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, gripper_range_problem
 from rlinf_cosmos3.actions.rotation import ROT6D_DECODES
 from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, require, require_path
-from rlinf_cosmos3.models.cosmos3.captions import CAPTION_STYLES, CONCAT_VIEW
+from rlinf_cosmos3.config.model_settings import (
+    CAPTION_STYLES,
+    GRIPPER_CONVENTIONS,
+    NORMALIZATIONS,
+    RECIPE,
+    read_settings,
+)
+from rlinf_cosmos3.models.cosmos3.captions import CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.components import missing_components
 from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON, NUM_INFERENCE_STEPS, get_action_domain
 from rlinf_cosmos3.models.cosmos3.identity import (
@@ -31,16 +37,12 @@ from rlinf_cosmos3.models.cosmos3.identity import (
     IdentityError,
     ModelIdentity,
     compare_identities,
-    file_sha256,
     read_identity,
 )
 from rlinf_cosmos3.paths import sglang_python
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VIEW_POINT = "concat_view"
-"""= ``rlinf_cosmos3.models.cosmos3.observation.VIEW_POINT`` (not imported: that module needs torch,
-and configs must stay light to load); tests/test_rollout_adapter.py checks that they agree."""
 ENV_ACTION_DIM = 7
 """LIBERO's command width: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
 RESPONSE_FORMATS = ("raw", "envelope")
@@ -49,12 +51,13 @@ ENCODINGS = ("msgpack", "json")
 TEMPORAL_COMPRESSION = 4
 # Spatial VAE factor (16) times the patch size (2) of Cosmos3's DiT.
 CANVAS_MULTIPLE = 16
-IDENTITY_CONFIG_FIELDS = {
+ROLLOUT_SETTING_KEYS = {
     "fps": "fps", "action_horizon": "num_action_chunks", "num_frames": "num_frames", "canvas_height": "height",
     "canvas_width": "width", "view_point": "view_point", "normalization": "action_normalization",
-    "stats_sha256": "action_stats_path", "domain_name": "domain_name", "caption_style": "caption_style",
-    "gripper_convention": "gripper_convention",
+    "domain_name": "domain_name", "caption_style": "caption_style", "gripper_convention": "gripper_convention",
 }
+"""Model setting (``config/model_settings.py``) -> the ``rollout.model`` key that sets it: all of them."""
+IDENTITY_CONFIG_FIELDS = {**ROLLOUT_SETTING_KEYS, "stats_sha256": "action_stats_path"}
 """Training identity field -> the ``rollout.model`` field that must equal it."""
 
 
@@ -68,24 +71,26 @@ class RolloutModelConfig:
     """Stats JSON used in training (``libero_native_frame_wise_relative_rot6d.json``)."""
     action_normalization: str = "???"
     """Normalisation used in training (``quantile_rot``); required, never guessed."""
-    domain_name: str = "libero"
+    # The model settings this section sets (ROLLOUT_SETTING_KEYS; declared in config/model_settings.py);
+    # action_normalization has no default: it must be stated.
+    domain_name: str = RECIPE.domain_name
     raw_action_dim: int = 10
     """Model-side width ``[dpos(3), rot6d(6), gripper(1)]``."""
     action_dim: int = ENV_ACTION_DIM
     """Env-side width ``[dpos(3), axis-angle(3), gripper(1)]``."""
-    num_action_chunks: int = ACTION_HORIZON
+    num_action_chunks: int = RECIPE.action_horizon
     """Actions per request (the model's action horizon)."""
     num_inference_steps: int = NUM_INFERENCE_STEPS
     """Denoising steps per request: 30, as NVIDIA's LIBERO eval samples (a serving choice, not checked)."""
-    num_frames: int = 17
+    num_frames: int = RECIPE.num_frames
     """Must be ``num_action_chunks + 1`` (the conditioning frame plus one per action)."""
-    height: int = 192
-    width: int = 320
-    fps: int = 20
+    height: int = RECIPE.canvas_height
+    width: int = RECIPE.canvas_width
+    fps: int = RECIPE.fps
     seed: int = 42
     guidance_scale: float = 1.0
     """1.0 = no classifier-free guidance (SGLang's action default; diffusers' own default is 6.0)."""
-    view_point: str = DEFAULT_VIEW_POINT
+    view_point: str = RECIPE.view_point
     """Framing sentence of the action caption; the side-by-side canvas is a ``concat_view``."""
     precision: str = "bf16"
     """dtype of the embedded backend's pipeline (SGLang picks its own)."""
@@ -94,10 +99,10 @@ class RolloutModelConfig:
     NVIDIA's LIBERO eval samples with (cosmos-framework ``generate_samples_from_batch``); without it
     SGLang 0.5.23 shifts action requests by 10.0 and the embedded backend by the model's
     ``scheduler_config.json``."""
-    caption_style: str = "diffusers"
+    caption_style: str = RECIPE.caption_style
     """Caption the model was trained with: ``diffusers`` or ``cosmos_framework`` (NVIDIA's); compared
     with the model's identity. SGLang cannot send NVIDIA's ``idle_frame`` field (docs/eval.md)."""
-    gripper_convention: str = "zero_one"
+    gripper_convention: str = RECIPE.gripper_convention
     """How the training data stored the gripper (``zero_one``, ``pm_one``, ``pm_one_flip``): the
     predicted value is turned into a LIBERO command by it; compared with the model's identity."""
     gripper_command: str = "binary"
@@ -121,9 +126,9 @@ class RolloutModelConfig:
                         "point it at the model_diffusers directory written by the checkpoint converter")
         require(self.action_normalization not in ("", "???"), f"{root}.action_normalization",
                 "is required (it must be the method used in training)",
-                f"set it explicitly, one of {list(SUPPORTED_METHODS)}")
-        require(self.action_normalization in SUPPORTED_METHODS, f"{root}.action_normalization",
-                f"unknown method '{self.action_normalization}'", f"use one of {list(SUPPORTED_METHODS)}")
+                f"set it explicitly, one of {list(NORMALIZATIONS)}")
+        require(self.action_normalization in NORMALIZATIONS, f"{root}.action_normalization",
+                f"unknown method '{self.action_normalization}'", f"use one of {list(NORMALIZATIONS)}")
         stats_path = require_path(self.action_stats_path if self.action_stats_path != "???" else None,
                                   f"{root}.action_stats_path", "action stats file", is_dir=False)
         self._check_conventions(root)
@@ -179,12 +184,7 @@ class RolloutModelConfig:
 
     def identity(self) -> ModelIdentity:
         """The training identity these settings serve (the configured stats file hashed as it is now)."""
-        return ModelIdentity(fps=self.fps, action_horizon=self.num_action_chunks, num_frames=self.num_frames,
-                             canvas_height=self.height, canvas_width=self.width, view_point=self.view_point,
-                             normalization=self.action_normalization,
-                             stats_sha256=file_sha256(self.action_stats_path), domain_name=self.domain_name,
-                             caption_style=self.caption_style, gripper_convention=self.gripper_convention,
-                             stats_path=str(self.action_stats_path))
+        return ModelIdentity.of(read_settings(self, ROLLOUT_SETTING_KEYS), self.action_stats_path)
 
     def check_identity(self, root: str = "rollout.model", trained: ModelIdentity | None = None
                        ) -> ModelIdentity | None:
@@ -206,11 +206,8 @@ class RolloutModelConfig:
                               "convert the checkpoint again with toolkits/cosmos3/convert_checkpoint.py") from err
         if trained is None:
             logger.warning("'%s' has no %s (a base model, or converted from a checkpoint saved before identities "
-                           "were recorded): "
-                           "%s.* cannot be checked against the training; make sure fps, num_frames, "
-                           "num_action_chunks, height, width, view_point, action_normalization, domain_name, "
-                           "caption_style, gripper_convention and action_stats_path are the training's",
-                           model_dir, IDENTITY_FILE, root)
+                           "were recorded): %s.* cannot be checked against the training; make sure %s are the "
+                           "training's", model_dir, IDENTITY_FILE, root, ", ".join(IDENTITY_CONFIG_FIELDS.values()))
             return None
         fields_ = {name: f"{root}.{field_name}" for name, field_name in IDENTITY_CONFIG_FIELDS.items()}
         mismatches = compare_identities(trained, self.identity(), fields_)

@@ -2,14 +2,17 @@
 
 Kept apart from the interface (:mod:`~rlinf_cosmos3.workers.rollout.backend`) because both backends
 import the interface: the factory sits above them, so no module of the package imports one that
-imports it back. The backends are imported inside :func:`make_backend`, so reading :data:`BACKENDS`
-(the eval config's validation does) pulls in neither Ray, torch nor httpx.
+imports it back. The backends are imported inside :func:`make_backend`, so importing the factory pulls
+in neither Ray, torch nor httpx. The names (``BACKENDS``) are declared with ``rollout.rollout_backend``
+in :mod:`rlinf_cosmos3.config.eval`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rlinf_cosmos3.config.eval import BACKENDS
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.cluster import Cluster
@@ -20,8 +23,6 @@ if TYPE_CHECKING:
         SGLangConfig,
     )
     from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
-
-BACKENDS = ("sglang", "embedded", "replay")
 
 
 def make_backend(
