@@ -168,7 +168,7 @@ def test_dataset_checks_need_neither_torch_nor_lerobot(paths) -> None:
     code = (
         "import sys\n"
         "from rlinf_cosmos3.data.checks import check_dataset_info\n"
-        "from rlinf_cosmos3.data.config import LiberoDataConfig\n"
+        "from rlinf_cosmos3.config.data import LiberoDataConfig\n"
         f"info = check_dataset_info(LiberoDataConfig(root={paths['data']!r}, stats_path='unused.json'))\n"
         "print(info['features']['observation.images.image']['dtype'], "
         "[m for m in ('torch', 'lerobot', 'datasets') if m in sys.modules])\n"
