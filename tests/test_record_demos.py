@@ -15,6 +15,7 @@ import pytest
 import torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+from rlinf_cosmos3.config.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 from rlinf_cosmos3.demos.lerobot_writer import (
     ACTION_KEY,
     MAIN_IMAGE_KEY,
@@ -25,7 +26,6 @@ from rlinf_cosmos3.demos.lerobot_writer import (
 )
 from rlinf_cosmos3.paths import REPO_ROOT
 from rlinf_cosmos3.sim.client import LiberoSimProcess
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 
 TASK0 = "pick up the black bowl between the plate and the ramekin and place it on the plate"  # task.language
 CLI = REPO_ROOT / "toolkits" / "libero" / "record_demos.py"

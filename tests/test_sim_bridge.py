@@ -18,10 +18,10 @@ import pytest
 
 from rlinf_cosmos3 import paths
 from rlinf_cosmos3.actions import quat_xyzw_to_axis_angle
+from rlinf_cosmos3.config.libero_suites import NOOP_ACTION
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess, SimCommandError, SimProcessError, call_all
 from rlinf_cosmos3.sim.images import rotate_180
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
 from rlinf_cosmos3.sim.protocol import Message, ProtocolError, decode, encode
 
 pytestmark = pytest.mark.libero

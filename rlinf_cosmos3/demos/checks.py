@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import ConfigError, require
+from rlinf_cosmos3.config.libero_suites import NUM_INIT_STATES, SUITE_MAX_STEPS, SUITE_NUM_TASKS
 from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS, RecordConfig
 from rlinf_cosmos3.sim.client import require_simulator_python
-from rlinf_cosmos3.sim.libero_suites import NUM_INIT_STATES, SUITE_MAX_STEPS, SUITE_NUM_TASKS
 
 SIMULATOR_FIELD = "RLINF_COSMOS3_LIBERO_PYTHON"
 """The setting that names the simulator environment (there is no config field for it)."""

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlinf_cosmos3.config.libero_suites import NUM_SETTLE_STEPS, suite_max_steps
 from rlinf_cosmos3.demos.lerobot_writer import FPS, IMAGE_SIZE
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPolicyConfig
-from rlinf_cosmos3.sim.libero_suites import NUM_SETTLE_STEPS, suite_max_steps
 
 RECORDED_ACTIONS = ("executed", "clean")
 """What a frame's action is: the command sent to the simulator (``policy.noise_std`` included), or the

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlinf_cosmos3.sim.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.config.libero_suites import NOOP_ACTION
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply

@@ -21,6 +21,12 @@ import sys
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import ConfigError
+from rlinf_cosmos3.config.libero_suites import (
+    NUM_INIT_STATES,
+    NUM_SETTLE_STEPS,
+    SUITE_MAX_STEPS,
+    SUITE_NUM_TASKS,
+)
 from rlinf_cosmos3.demos.checks import check_record_config
 from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS
 from rlinf_cosmos3.demos.recorder import (
@@ -32,12 +38,6 @@ from rlinf_cosmos3.demos.recorder import (
 )
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPolicyConfig
 from rlinf_cosmos3.id_lists import parse_id_list
-from rlinf_cosmos3.sim.libero_suites import (
-    NUM_INIT_STATES,
-    NUM_SETTLE_STEPS,
-    SUITE_MAX_STEPS,
-    SUITE_NUM_TASKS,
-)
 
 logger = logging.getLogger("record_demos")
 NUM_TASKS = SUITE_NUM_TASKS

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import require
-from rlinf_cosmos3.paths import libero_python
-from rlinf_cosmos3.sim.libero_suites import (  # re-exported: the eval config's callers import them from here
+from rlinf_cosmos3.config.libero_suites import (  # re-exported: the eval config's callers import them from here
     NUM_INIT_STATES,
     NUM_SETTLE_STEPS,
     SUITE_MAX_STEPS,
     SUITE_NUM_TASKS,
 )
+from rlinf_cosmos3.paths import libero_python
 from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes
 
 # LIBERO controls the robot at 20 Hz; videos play in real time at this rate.

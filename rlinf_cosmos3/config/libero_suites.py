@@ -1,6 +1,9 @@
-"""Per-suite facts shared by demonstration recording and evaluation.
+"""Per-suite facts of LIBERO, shared by demonstration recording and evaluation.
 
-The one home of these conventions (docs/architecture.md, "Where each convention lives").
+The one home of these conventions (docs/architecture.md, "Where each convention lives"). In ``config/``
+because the ``env.eval`` section takes its defaults from them, resolves each suite's step cap and task
+list by them and checks its values against them, and configs import nothing above ``config/``; standard
+library only, since the recorder and the simulator side read them too.
 """
 
 from __future__ import annotations
