@@ -11,8 +11,10 @@ from omegaconf import OmegaConf
 
 from rlinf_cosmos3 import paths
 from rlinf_cosmos3.config.base import ConfigError, load_structured
+from rlinf_cosmos3.config.env import EnvEvalConfig
+from rlinf_cosmos3.config.libero_suites import SUITE_NUM_TASKS
 from rlinf_cosmos3.sim.client import simulator_env
-from rlinf_cosmos3.workers.env.config import SUITE_NUM_TASKS, EnvEvalConfig
+from rlinf_cosmos3.workers.env.episodes import eval_episodes
 from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply, task_language
 
 
@@ -43,7 +45,7 @@ def test_several_suites_each_with_its_own_cap_and_every_episode_once() -> None:
     cfg = load_structured(EnvEvalConfig, yaml, root="env.eval").validate()
     assert cfg.multi_suite and cfg.suite_label == "libero_spatial+libero_object+libero_10"
     assert cfg.step_caps() == {"libero_spatial": 220, "libero_object": 280, "libero_10": 600}
-    episodes = cfg.episodes()
+    episodes = eval_episodes(cfg)
     assert len(episodes) == len(set(episodes)) == cfg.num_episodes == 3 * 2 * 2
     assert [(e.suite, e.task_id, e.trial_id) for e in episodes[:5]] == [
         ("libero_spatial", 0, 3), ("libero_spatial", 0, 4), ("libero_spatial", 9, 3), ("libero_spatial", 9, 4),

@@ -22,10 +22,10 @@ import pytest
 import ray
 
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig, WorkerError, WorkerGroup
+from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.config.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess
-from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line

@@ -43,7 +43,6 @@ LAYER_NAMES = {0: "config/foundation", 1: "pieces", 2: "workers", 3: "runners"}
 KNOWN_UPWARD: set[tuple[str, str]] = {
     # config/eval.py composes the workers' env and rollout sections, whose validate() reads the pieces
     # (suite tables, stats files, the model's identity): #14 section 4
-    ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.env.config"),
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.config"),
     ("rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.replay_config"),
 }
@@ -199,7 +198,7 @@ def test_no_import_cycles_between_modules() -> None:
 
 
 CONFIG_MODULES = ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.config.eval", "rlinf_cosmos3.workers.rollout.config",
-                  "rlinf_cosmos3.workers.env.config", "rlinf_cosmos3.config.data", "rlinf_cosmos3.config.cluster",
+                  "rlinf_cosmos3.config.env", "rlinf_cosmos3.config.data", "rlinf_cosmos3.config.cluster",
                   "rlinf_cosmos3.validation.sft")
 HEAVY = ("torch", "ray", "diffusers", "transformers", "lerobot", "av", "sglang")
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlinf_cosmos3.config.base import load_structured, require
 from rlinf_cosmos3.config.cluster import ClusterConfig
-from rlinf_cosmos3.workers.env.config import EnvEvalConfig
+from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.workers.rollout.config import (
     EmbeddedConfig,
     RolloutModelConfig,

@@ -29,7 +29,7 @@ from rlinf_cosmos3.config.base import ConfigError, load_structured
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.tracking.results_file import RESULTS_FILE, read_results
 from rlinf_cosmos3.tracking.run_dir import RunDir, setup_run_logging
-from rlinf_cosmos3.workers.env.episodes import Episode
+from rlinf_cosmos3.workers.env.episodes import Episode, eval_episodes
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 
 logger = logging.getLogger("rlinf_cosmos3.eval")
@@ -104,7 +104,7 @@ def prepare_resume(cfg: EvalConfig) -> ResumeState:
         raise ConfigError(FIELD, f"the resumed run's episodes were defined differently ({diffs})",
                           f"use the settings of {root / CONFIG_FILE}, or leave runner.resume_dir unset for a new run")
     rows = _read_rows(root)
-    episodes = cfg.env.eval.episodes()
+    episodes = eval_episodes(cfg.env.eval)
     wanted = set(episodes)
     kept: list[EpisodeResult] = []
     errors = 0

@@ -18,7 +18,10 @@ all workers and stages instead of piling onto the first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from rlinf_cosmos3.config.env import EnvEvalConfig
 
 
 class Episode(NamedTuple):
@@ -53,6 +56,12 @@ def list_episodes(task_ids: Sequence[int], init_states: int | Sequence[int], sui
     if len(set(task_ids)) != len(task_ids):
         raise ValueError(f"duplicate task ids: {list(task_ids)}")
     return [Episode(int(t), i, suite) for t in task_ids for i in ids]
+
+
+def eval_episodes(cfg: EnvEvalConfig) -> list[Episode]:
+    """Every episode of an ``env.eval`` section, suite-major, then task-major (each exactly once)."""
+    return [episode for suite in cfg.resolved_suites()
+            for episode in list_episodes(cfg.resolved_task_ids(suite), cfg.resolved_init_state_ids(), suite)]
 
 
 def assign_episodes(episodes: Sequence[Episode], num_slots: int) -> list[list[Episode]]:

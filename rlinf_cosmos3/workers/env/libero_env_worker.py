@@ -33,8 +33,8 @@ import numpy as np
 
 from rlinf_cosmos3.cluster import Worker, WorkerGroup
 from rlinf_cosmos3.config.base import ConfigError
-from rlinf_cosmos3.workers.env.config import EnvEvalConfig
-from rlinf_cosmos3.workers.env.episodes import Episode, worker_plan
+from rlinf_cosmos3.config.env import EnvEvalConfig
+from rlinf_cosmos3.workers.env.episodes import Episode, eval_episodes, worker_plan
 from rlinf_cosmos3.workers.env.slot import EnvSlot, describe
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 
@@ -59,7 +59,7 @@ class LiberoEnvWorker(Worker):
                              f"has {self.world_size} ranks (fix: start one LiberoEnvWorker rank per env worker)")
         self.num_stages = pipeline_stage_num
         if episodes is None:
-            episodes = cfg.episodes()
+            episodes = eval_episodes(cfg)
         episodes = [Episode(*e) for e in episodes]
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
         self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)

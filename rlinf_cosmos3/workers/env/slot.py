@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, SimProcessError
 from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
-from rlinf_cosmos3.workers.env.config import EnvEvalConfig
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line

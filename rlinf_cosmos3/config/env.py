@@ -1,5 +1,9 @@
 """The ``env.eval`` config section: which LIBERO episodes to evaluate and how the envs are laid out.
 
+Its defaults, step caps and task lists come from the suite facts (:mod:`rlinf_cosmos3.config.libero_suites`);
+which env slot runs which episode is the env workers' business
+(:func:`rlinf_cosmos3.workers.env.episodes.eval_episodes` lists them).
+
 Episode budget convention (cosmos-framework's ``closed_loop_eval``): ``max_episode_steps`` counts
 every simulator step after the reset, *including* the ``num_settle_steps`` no-op steps, so with the
 libero_spatial cap 220 and 10 settle steps the policy acts for at most 210 steps. A success rate is
@@ -12,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlinf_cosmos3.config.base import require
-from rlinf_cosmos3.config.libero_suites import (  # re-exported: the eval config's callers import them from here
+from rlinf_cosmos3.config.libero_suites import (
     NUM_INIT_STATES,
     NUM_SETTLE_STEPS,
     SUITE_MAX_STEPS,
     SUITE_NUM_TASKS,
 )
 from rlinf_cosmos3.paths import libero_python
-from rlinf_cosmos3.workers.env.episodes import Episode, list_episodes
 
 # LIBERO controls the robot at 20 Hz; videos play in real time at this rate.
 CONTROL_FPS = 20
@@ -140,11 +143,6 @@ class EnvEvalConfig:
         if self.init_state_ids is not None:
             return [int(i) for i in self.init_state_ids]
         return list(range(self.trials_per_task))
-
-    def episodes(self) -> list[Episode]:
-        """Every episode of the run, suite-major, then task-major (each exactly once)."""
-        return [episode for suite in self.resolved_suites()
-                for episode in list_episodes(self.resolved_task_ids(suite), self.resolved_init_state_ids(), suite)]
 
     @property
     def num_episodes(self) -> int:
