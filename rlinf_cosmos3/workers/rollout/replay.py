@@ -1,9 +1,9 @@
 """The ``replay`` backend: a recorded dataset's actions instead of a model -- a conventions self-check.
 
 Every observation is answered with the 16 recorded actions from its step on, of the demonstration
-recorded for its (task, init state) (:mod:`.replay_episodes` chooses it), encoded exactly as the SFT
-data path encodes its targets (:func:`~rlinf_cosmos3.actions.encode_model_actions`: 7-D -> rot6d
-10-D, normalised with the stats file): what a perfectly trained model would output. Everything
+recorded for its (task, init state) (:mod:`rlinf_cosmos3.data.recorded_episodes` chooses it), encoded
+exactly as the SFT data path encodes its targets (:func:`~rlinf_cosmos3.actions.encode_model_actions`:
+7-D -> rot6d 10-D, normalised with the stats file): what a perfectly trained model would output. Everything
 after the backend is the real eval path -- canvas composition, de-normalisation with
 ``rollout.model``'s stats and method, rot6d decode, gripper rule, chunking, env order, settle steps,
 stop on success -- so a demonstration recorded in the same simulator must reproduce its success.
@@ -54,7 +54,7 @@ class ReplayBackend(RolloutBackend):
     def start(self) -> None:
         """Read every recorded episode's actions (parquet only, no video) and encode them once."""
         from rlinf_cosmos3.actions import ActionNormalizer, encode_model_actions, read_lerobot_episode_actions
-        from rlinf_cosmos3.workers.rollout.replay_episodes import choose_episodes, read_recorded_episodes
+        from rlinf_cosmos3.data.recorded_episodes import choose_episodes, read_recorded_episodes
 
         if self._encoded is not None:
             raise RuntimeError("ReplayBackend is already started")

@@ -34,7 +34,7 @@ class ReplayConfig:
     def validate(self, pairs: list[tuple[int, int]], suite: str, num_settle_steps: int,
                  root: str = "rollout.replay") -> ReplayConfig:
         """The dataset, the stats file and a recorded episode for every (task, init state) of ``pairs``."""
-        from rlinf_cosmos3.workers.rollout.replay_episodes import (
+        from rlinf_cosmos3.data.recorded_episodes import (
             ReplayEpisodesError,
             choose_episodes,
             read_recorded_episodes,

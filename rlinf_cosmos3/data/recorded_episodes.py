@@ -1,7 +1,8 @@
 """Which recorded episode of a LeRobot dataset the ``replay`` backend plays for an eval (task, init state).
 
 Read from ``meta/episodes`` only (pyarrow, imported when called: no video, no lerobot), so the eval
-config can check every requested pair before Ray or a simulator starts. The repo's recorder
+config check (:mod:`rlinf_cosmos3.validation`) can check every requested pair before Ray or a simulator
+starts; it sits with the dataset readers, below both that check and the backend. The repo's recorder
 (``toolkits/libero/record_demos.py``) stores ``suite``, ``task_id``, ``init_state_id``, ``success`` and
 ``num_settle_steps`` per episode. Of several recordings of one pair the first successful one is
 played (a failed demonstration cannot show that success is reproduced), else the first.
