@@ -53,9 +53,10 @@ import numpy as np
 
 from rlinf_cosmos3.cluster import Cluster
 from rlinf_cosmos3.config.cluster import ClusterConfig
-from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
+from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
 from rlinf_cosmos3.runners.eval_summary import EvalSummary
+from rlinf_cosmos3.validation.eval import load_eval_config
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.stage import StageOutput
 from rlinf_cosmos3.workers.observation_keys import SLOT_IDS, TASK_DESCRIPTIONS

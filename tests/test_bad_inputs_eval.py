@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 from process_checks import nothing_left_running
 
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
+from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.config.hydra_cli import compose_overrides
+from rlinf_cosmos3.validation.eval import load_eval_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "evaluations" / "libero"
@@ -140,10 +141,11 @@ def test_a_converted_model_of_another_training_is_refused_before_ray(inputs, tmp
     import dataclasses
 
     from rlinf_cosmos3.models.cosmos3.identity import write_identity
+    from rlinf_cosmos3.validation.rollout import served_identity
 
     model = tmp_path / "model_fps10"
     shutil.copytree(inputs["model"], model)
-    served = load_eval_config(_raw(inputs)).rollout.model.identity()
+    served = served_identity(load_eval_config(_raw(inputs)).rollout.model)
     write_identity(model, dataclasses.replace(served, fps=10))
     err = _refused(inputs, "rollout.model.fps", r"rollout.model.fps=20 but the model was trained with fps=10",
                    f"rollout.model.model_path={model}")

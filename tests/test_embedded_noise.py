@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from rlinf_cosmos3.actions import write_action_stats
+from rlinf_cosmos3.config.rollout import RolloutModelConfig
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker, observation_seed
 
 Q01 = [-0.5, -1.0, 0.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0, 0.0]
@@ -31,8 +32,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cosmos3ActionAdapt
     block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
     stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
                                root / "stats.json")
-    cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
-                             action_normalization="quantile_rot", num_inference_steps=2, precision="fp32").validate()
+    cfg = validate_rollout_model(RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                                                    action_normalization="quantile_rot", num_inference_steps=2,
+                                                    precision="fp32"))
     return Cosmos3ActionAdapter(cfg, batching_max_size=4), EmbeddedPolicyWorker(str(model_dir), "fp32")
 
 

@@ -25,9 +25,9 @@ from omegaconf import OmegaConf
 from process_checks import nothing_left_running
 
 from rlinf_cosmos3.config.base import ConfigError
-from rlinf_cosmos3.config.eval import load_eval_config
 from rlinf_cosmos3.runners.eval_resume import prepare_resume
 from rlinf_cosmos3.tracking.results_file import RESULTS_FILE
+from rlinf_cosmos3.validation.eval import load_eval_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "evaluations" / "libero"

@@ -21,9 +21,10 @@ import ray
 
 from rlinf_cosmos3.actions import write_action_stats
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig
-from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
+from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
+from rlinf_cosmos3.validation.eval import load_eval_config
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.factory import make_backend
 

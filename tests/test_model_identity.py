@@ -95,12 +95,12 @@ def test_every_config_section_reads_its_model_settings_through_one_table() -> No
     of them, its defaults are the recipe's, and serving sets (and the identity compares) every one."""
     from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
     from rlinf_cosmos3.config.model_settings import RECIPE, SETTING_NAMES, read_settings
-    from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
-    from rlinf_cosmos3.workers.rollout.config import (
+    from rlinf_cosmos3.config.rollout import (
         IDENTITY_CONFIG_FIELDS,
         ROLLOUT_SETTING_KEYS,
         RolloutModelConfig,
     )
+    from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
 
     assert sft_model_settings(SFTConfig()) == RECIPE
     assert read_settings(LiberoDataConfig(), DATA_SETTING_KEYS) == RECIPE
@@ -212,7 +212,7 @@ def test_a_checkpoint_without_identity_converts_with_a_warning_and_no_identity(t
 
 
 def _eval_cfg(model: Path, stats: Path, **model_overrides):
-    from rlinf_cosmos3.config.eval import load_eval_config
+    from rlinf_cosmos3.validation.eval import load_eval_config
 
     return load_eval_config({
         "env": {"eval": {"suite": "libero_spatial", "task_ids": [0], "trials_per_task": 1, "total_num_envs": 1,
@@ -225,8 +225,10 @@ def _eval_cfg(model: Path, stats: Path, **model_overrides):
 
 
 def test_eval_accepts_the_model_with_its_training_settings(trained: dict, converted: Path) -> None:
+    from rlinf_cosmos3.validation.rollout import check_identity
+
     cfg = _eval_cfg(converted, trained["stats"], num_inference_steps=7)  # steps are not part of the identity
-    assert cfg.rollout.model.check_identity() == trained["identity"]
+    assert check_identity(cfg.rollout.model) == trained["identity"]
 
 
 @pytest.mark.parametrize(("field", "trained_value", "config_field", "config_value"), [
@@ -275,7 +277,7 @@ def test_eval_rejects_another_stats_file_and_lists_every_mismatch(trained: dict,
 
 
 def test_eval_warns_about_a_model_without_identity_and_passes(trained: dict, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="rlinf_cosmos3.workers.rollout.config"):
+    with caplog.at_level(logging.WARNING, logger="rlinf_cosmos3.config.rollout"):
         cfg = _eval_cfg(trained["model"], trained["stats"], view_point="single_view")  # nothing to compare with
     assert cfg.rollout.model.view_point == "single_view"
     assert f"has no {IDENTITY_FILE}" in caplog.text and "cannot be checked" in caplog.text

@@ -21,12 +21,13 @@ from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config import sft as sft_config
 from rlinf_cosmos3.config.base import load_structured
+from rlinf_cosmos3.config.rollout import RolloutModelConfig
 from rlinf_cosmos3.models.cosmos3 import captions, configuration
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, file_sha256, write_identity
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.validation.sft import load_sft_config
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SFT_CONFIGS = REPO / "examples" / "sft" / "config"
@@ -167,14 +168,14 @@ def test_eval_compares_caption_style_and_gripper_convention_with_the_model(adapt
     model = _trained_copy(adapter_model_dir, tmp_path, stats, caption_style="cosmos_framework", gripper_convention="pm_one")
     assert (model / IDENTITY_FILE).is_file()
     with pytest.raises(ConfigError) as err:
-        _rollout(model, stats).validate()
+        validate_rollout_model(_rollout(model, stats))
     assert err.value.field == "rollout.model.caption_style"  # the first of the two mismatches, both listed
     assert "trained with caption_style='cosmos_framework'" in str(err.value)
     assert "trained with gripper_convention='pm_one'" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        _rollout(model, stats, caption_style="cosmos_framework").validate()
+        validate_rollout_model(_rollout(model, stats, caption_style="cosmos_framework"))
     assert err.value.field == "rollout.model.gripper_convention"
-    _rollout(model, stats, gripper_convention="pm_one", caption_style="cosmos_framework").validate()
+    validate_rollout_model(_rollout(model, stats, gripper_convention="pm_one", caption_style="cosmos_framework"))
 
 
 @pytest.mark.parametrize(("overrides", "field", "text"), [
@@ -188,7 +189,7 @@ def test_eval_compares_caption_style_and_gripper_convention_with_the_model(adapt
 def test_eval_config_errors(adapter_model_dir: Path, tmp_path: Path, overrides: dict, field: str, text: str) -> None:
     stats = _stats_file(tmp_path / "zero_one.json", "zero_one")
     with pytest.raises(ConfigError, match=text) as err:
-        _rollout(adapter_model_dir, stats, **overrides).validate()
+        validate_rollout_model(_rollout(adapter_model_dir, stats, **overrides))
     assert err.value.field == field
 
 
@@ -202,12 +203,12 @@ def test_adapter_sends_the_styles_task_text_and_the_flow_shift(adapter_model_dir
     obs = {"main_images": rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8),
            "wrist_images": rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8),
            "task_descriptions": [f" {TASK} ", TASK]}
-    default = Cosmos3ActionAdapter(_rollout(adapter_model_dir, stats).validate(), batching_max_size=4)
+    default = Cosmos3ActionAdapter(validate_rollout_model(_rollout(adapter_model_dir, stats)), batching_max_size=4)
     (group,) = default.request_groups(obs)
     payload = default.build_request(group)
     assert payload["input"]["task"] == [TASK, TASK] and payload["parameters"]["flow_shift"] == 5.0
 
-    nvidia = Cosmos3ActionAdapter(_rollout(adapter_model_dir, stats, caption_style="cosmos_framework", flow_shift=3.0).validate(),
+    nvidia = Cosmos3ActionAdapter(validate_rollout_model(_rollout(adapter_model_dir, stats, caption_style="cosmos_framework", flow_shift=3.0)),
                                   batching_max_size=4)
     (group,) = nvidia.request_groups(obs)
     payload = nvidia.build_request(group)
@@ -234,20 +235,20 @@ def _hand_stats(path: Path, gripper: tuple[float, float]) -> Path:
 
 def test_adapter_decodes_rot6d_by_svd_and_applies_the_gripper_convention(adapter_model_dir: Path, tmp_path: Path) -> None:
     zero_one = _hand_stats(tmp_path / "zo.json", (0.0, 1.0))
-    adapter = Cosmos3ActionAdapter(_rollout(adapter_model_dir, zero_one).validate(), batching_max_size=1)
+    adapter = Cosmos3ActionAdapter(validate_rollout_model(_rollout(adapter_model_dir, zero_one)), batching_max_size=1)
     # c0 = (0, 2, 0), c1 = (-1, 1, 0): [c0, c1, c0 x c1] has the 2-D block [[0, -1], [2, 1]] (and 2 on z),
     # whose nearest rotation turns by atan2(2 - (-1), 0 + 1) = atan2(3, 1) about z (Gram-Schmidt: pi / 2).
     actions = adapter.parse_response(_model_output([0, 2, 0, -1, 1, 0], 0.2), _group())
     np.testing.assert_allclose(actions[0, :, 3:6], np.tile([0.0, 0.0, math.atan2(3, 1)], (16, 1)), atol=1e-6)
     assert (actions[0, :, 6] == -1.0).all()  # g = 0.6 > 0.5: open
-    continuous = Cosmos3ActionAdapter(_rollout(adapter_model_dir, zero_one, gripper_command="continuous").validate(),
+    continuous = Cosmos3ActionAdapter(validate_rollout_model(_rollout(adapter_model_dir, zero_one, gripper_command="continuous")),
                                       batching_max_size=1)
     np.testing.assert_allclose(continuous.parse_response(_model_output([1, 0, 0, 0, 1, 0], 0.2), _group())[0, :, 6],
                                -0.2, atol=1e-6)  # 1 - 2 g
 
     pm_one = _hand_stats(tmp_path / "pm.json", (-1.0, 1.0))
     for convention, expected in (("pm_one", 1.0), ("pm_one_flip", -1.0)):
-        cfg = _rollout(adapter_model_dir, pm_one, gripper_convention=convention).validate()
+        cfg = validate_rollout_model(_rollout(adapter_model_dir, pm_one, gripper_convention=convention))
         out = Cosmos3ActionAdapter(cfg, batching_max_size=1).parse_response(_model_output([1, 0, 0, 0, 1, 0], 0.3),
                                                                              _group())
         assert (out[0, :, 6] == expected).all(), convention  # g = +0.3: close in robosuite's sign, open flipped

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from rlinf_cosmos3.actions import write_action_stats
+from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
@@ -35,8 +36,8 @@ def test_sglang_applies_the_flow_shift_the_request_carries(tmp_path: Path) -> No
     block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": q01, "max": q99, "q01": q01, "q99": q99}
     stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
                                tmp_path / "stats.json")
-    model_cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
-                                   action_normalization="quantile_rot", num_inference_steps=2).validate()
+    model_cfg = validate_rollout_model(RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                                                          action_normalization="quantile_rot", num_inference_steps=2))
     rng = np.random.default_rng(0)
     obs = {"main_images": rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8),
            "wrist_images": rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8), "task_descriptions": [TASK]}

@@ -19,14 +19,15 @@ import pytest
 
 from rlinf_cosmos3.actions import write_action_stats
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observation
-from rlinf_cosmos3.workers.rollout import codec
-from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
-from rlinf_cosmos3.workers.rollout.config import (
+from rlinf_cosmos3.config.rollout import (
     EmbeddedConfig,
     RolloutModelConfig,
     SGLangConfig,
 )
+from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observation
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
+from rlinf_cosmos3.workers.rollout import codec
+from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
 from rlinf_cosmos3.workers.rollout.protocol import response_actions
 
 # global_raw quantiles per channel: dpos x, y, z | rot6d (6) | gripper.
@@ -59,7 +60,7 @@ def _model_cfg(adapter_model_dir: Path, stats_path: Path, **overrides) -> Rollou
 
 @pytest.fixture()
 def adapter(adapter_model_dir: Path, stats_path: Path) -> Cosmos3ActionAdapter:
-    return Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path).validate(), batching_max_size=2)
+    return Cosmos3ActionAdapter(validate_rollout_model(_model_cfg(adapter_model_dir, stats_path)), batching_max_size=2)
 
 
 def _obs(tasks: list[str], seed: int = 0) -> dict:
@@ -79,7 +80,7 @@ def _group(n: int) -> RequestGroup:
 
 def test_hand_worked_model_output_to_libero_actions(adapter_model_dir: Path, stats_path: Path) -> None:
     # Worked by hand with the Gram-Schmidt decode (tests/test_parity_* check the default SVD decode).
-    adapter = Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path, rot6d_decode="gram_schmidt").validate(),
+    adapter = Cosmos3ActionAdapter(validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, rot6d_decode="gram_schmidt")),
                                    batching_max_size=2)
     out = np.zeros((1, 16, 12), dtype=np.float32)
     out[..., 10:] = 1e6  # channels past raw_action_dim (padding) must be ignored
@@ -187,13 +188,13 @@ def test_restore_order_with_shuffled_groups(adapter: Cosmos3ActionAdapter) -> No
 
 def test_missing_stats_or_method_is_an_error(adapter_model_dir: Path, stats_path: Path) -> None:
     with pytest.raises(ConfigError, match="rollout.model.action_stats_path"):
-        _model_cfg(adapter_model_dir, stats_path, action_stats_path="???").validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, action_stats_path="???"))
     with pytest.raises(ConfigError, match="rollout.model.action_stats_path.*not found"):
-        _model_cfg(adapter_model_dir, stats_path, action_stats_path=str(adapter_model_dir / "nope.json")).validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, action_stats_path=str(adapter_model_dir / "nope.json")))
     with pytest.raises(ConfigError, match="rollout.model.action_normalization.*required"):
-        _model_cfg(adapter_model_dir, stats_path, action_normalization="???").validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, action_normalization="???"))
     with pytest.raises(ConfigError, match="unknown method 'quantile'"):
-        _model_cfg(adapter_model_dir, stats_path, action_normalization="quantile").validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, action_normalization="quantile"))
     with pytest.raises(ValueError, match="action_stats_path is required"):
         Cosmos3ActionAdapter(_model_cfg(adapter_model_dir, stats_path, action_stats_path=""), batching_max_size=2)
     with pytest.raises(ValueError, match="action_normalization is required"):
@@ -203,15 +204,15 @@ def test_missing_stats_or_method_is_an_error(adapter_model_dir: Path, stats_path
 def test_model_identity_mismatches_are_errors(adapter_model_dir: Path, stats_path: Path, tmp_path: Path) -> None:
     other_fps = write_action_stats(_stats(fps=10), tmp_path / "stats10.json")
     with pytest.raises(ConfigError, match="computed with fps=10"):
-        _model_cfg(adapter_model_dir, other_fps).validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, other_fps))
     with pytest.raises(ConfigError, match="num_frames"):
-        _model_cfg(adapter_model_dir, stats_path, num_frames=16).validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, num_frames=16))
     with pytest.raises(ConfigError, match="raw_action_dim"):
-        _model_cfg(adapter_model_dir, stats_path, raw_action_dim=7).validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, raw_action_dim=7))
     with pytest.raises(ConfigError, match="height"):
-        _model_cfg(adapter_model_dir, stats_path, height=200).validate()
+        validate_rollout_model(_model_cfg(adapter_model_dir, stats_path, height=200))
     with pytest.raises(ConfigError, match="model_index.json"):
-        _model_cfg(tmp_path, stats_path).validate()
+        validate_rollout_model(_model_cfg(tmp_path, stats_path))
 
 
 def test_serving_configs_validate(tmp_path: Path) -> None:

@@ -21,10 +21,11 @@ from diffusers import Cosmos3OmniPipeline
 
 from rlinf_cosmos3.actions import write_action_stats
 from rlinf_cosmos3.cluster import Cluster, ClusterConfig
+from rlinf_cosmos3.config.rollout import EmbeddedConfig, RolloutModelConfig
 from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.factory import make_backend
 
 pytestmark = [pytest.mark.slow]
@@ -41,8 +42,8 @@ def model_cfg(tmp_path_factory: pytest.TempPathFactory) -> RolloutModelConfig:
     block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
     stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
                                root / "stats.json")
-    return RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
-                              action_normalization="quantile_rot", num_inference_steps=2).validate()
+    return validate_rollout_model(RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                                                     action_normalization="quantile_rot", num_inference_steps=2))
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from rlinf_cosmos3.actions import (
     write_action_stats,
 )
 from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.eval import EvalConfig, load_eval_config
+from rlinf_cosmos3.config.eval import EvalConfig
+from rlinf_cosmos3.validation.eval import load_eval_config
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.protocol import EPISODE_CONTEXT
 from rlinf_cosmos3.workers.rollout.replay import ReplayBackend

@@ -26,9 +26,10 @@ import psutil
 import pytest
 
 from rlinf_cosmos3.actions import write_action_stats
+from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.http_client import ActionHTTPClient, ServerUnavailableError
 from rlinf_cosmos3.workers.rollout.server_process import ServerStartError, tagged_processes
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
@@ -57,8 +58,8 @@ def model_cfg(tmp_path_factory: pytest.TempPathFactory) -> RolloutModelConfig:
     block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
     stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
                                root / "stats.json")
-    return RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
-                              action_normalization="quantile_rot", num_inference_steps=2).validate()
+    return validate_rollout_model(RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
+                                                     action_normalization="quantile_rot", num_inference_steps=2))
 
 
 def _sglang_cfg(**overrides) -> SGLangConfig:
@@ -256,7 +257,7 @@ def test_start_failures_show_the_log_tail(model_cfg: RolloutModelConfig, tmp_pat
 
 _DRIVER = """
 import logging, sys, threading, time
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
 logging.basicConfig(level=logging.INFO)

@@ -161,7 +161,7 @@ def test_converted_model_is_served_and_hot_swapped_by_sglang(straight_run, sft_i
     import httpx
 
     from rlinf_cosmos3.checkpoint.export import export_diffusers
-    from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
+    from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
     from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
     converted = export_diffusers(full_weights_path(straight_run["ckpts"] / "global_step_4"), sft_inputs["model"],

@@ -96,6 +96,11 @@ def require(condition: bool, field: str, problem: str, fix: str | None = None) -
         raise ConfigError(field, problem, fix)
 
 
+def require_one_of(value: object, allowed: tuple | list, field: str) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of the ``allowed`` names (the fix lists them)."""
+    require(value in allowed, field, f"unknown value '{value}'", f"use one of {list(allowed)}")
+
+
 def require_path(value: str | Path | None, field: str, what: str, *, is_dir: bool | None = None) -> Path:
     """Check that a configured path exists (and is a dir/file when asked); return it as a Path."""
     require(value not in (None, ""), field, f"{what} path is not set", f"set {field}=/path/to/{what.replace(' ', '_')}")

@@ -54,6 +54,10 @@ class ModelSettings:
 
 RECIPE = ModelSettings()
 """The LIBERO recipe's settings: the default of every config field that sets one."""
+NUM_INFERENCE_STEPS = 30
+"""Denoising steps per action request: NVIDIA's LIBERO eval samples with 30 UniPC steps
+(docs/action_conventions.md §7). A serving choice, not a model setting (not part of the identity): the
+default of ``rollout.model.num_inference_steps`` and of ``Cosmos3Policy.predict``."""
 SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ModelSettings))
 
 

@@ -172,10 +172,10 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     """Run an evaluation from a Hydra config; returns a process exit code (0 ok, 2 bad config, 1 when the
     rollout backend's servers do not start)."""
     from rlinf_cosmos3.config import ConfigError
-    from rlinf_cosmos3.config.eval import load_eval_config
     from rlinf_cosmos3.runners.eval_resume import prepare_resume, resumable_dir, start_resumed_run
     from rlinf_cosmos3.tracking import start_run
     from rlinf_cosmos3.tracking.run_dir import resolve_config
+    from rlinf_cosmos3.validation.eval import load_eval_config
 
     if (resumed := resumable_dir(resolve_config(raw_cfg))) is not None:  # else the config check says why
         resolved, run_dir = resolve_config(raw_cfg), start_resumed_run(resumed, EVAL_LOG_NAME)

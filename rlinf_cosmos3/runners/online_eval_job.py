@@ -59,14 +59,15 @@ def compose_eval(config_name: str, overrides: Sequence[str]):  # -> DictConfig
 def check(args: argparse.Namespace) -> int:
     """Validate the eval config as the runs will use it; exit 2 with the reason on stderr."""
     from rlinf_cosmos3.config import ConfigError
-    from rlinf_cosmos3.config.eval import load_eval_config
     from rlinf_cosmos3.models.cosmos3.identity import IdentityError, ModelIdentity
+    from rlinf_cosmos3.validation.eval import load_eval_config
+    from rlinf_cosmos3.validation.rollout import check_identity
 
     try:
         composed = compose_eval(args.config_name, [*args.overrides, *forced_overrides(args.base, args.stats, "logs")])
         cfg = load_eval_config(composed)
         trained = ModelIdentity.from_json(Path(args.identity).read_text(), source=args.identity)
-        cfg.rollout.model.check_identity("rollout.model", trained=trained)
+        check_identity(cfg.rollout.model, "rollout.model", trained=trained)
     except (ConfigError, IdentityError) as err:
         print(err, file=sys.stderr)
         return 2

@@ -45,10 +45,11 @@ def check_model(model_cfg: Any) -> None:
     """The checks evaluation makes before it starts (complete model directory, valid stats file, the model's
     training identity against these settings), with errors naming this tool's flags; ValueError."""
     from rlinf_cosmos3.config import ConfigError
+    from rlinf_cosmos3.validation.rollout import check_components, validate_rollout_model
 
     try:
-        model_cfg.validate("rollout.model")
-        model_cfg.check_components("rollout.model")
+        validate_rollout_model(model_cfg, "rollout.model")
+        check_components(model_cfg, "rollout.model")
     except ConfigError as err:
         name = err.field.rsplit(".", 1)[-1]
         flag = FLAGS.get(name, err.field)
@@ -59,12 +60,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from rlinf_cosmos3.config import ConfigError
+    from rlinf_cosmos3.config.rollout import RolloutModelConfig
     from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset
     from rlinf_cosmos3.data.checks import DatasetMismatchError
     from rlinf_cosmos3.id_lists import parse_id_list
     from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
     from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
-    from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
     model_cfg = RolloutModelConfig(model_path=str(args.model), action_stats_path=str(args.stats),
                                    action_normalization="quantile_rot", num_inference_steps=args.steps)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# NUM_INFERENCE_STEPS is declared with the recipe (rollout.model reads its default there) and offered here
+# too, for Cosmos3Policy.predict.
+from rlinf_cosmos3.config.model_settings import NUM_INFERENCE_STEPS as NUM_INFERENCE_STEPS
 from rlinf_cosmos3.config.model_settings import RECIPE
 
 LIBERO_DOMAIN_NAME = "libero"
 LIBERO_DOMAIN_ID = 5
 LIBERO_RAW_ACTION_DIM = 10
 ACTION_HORIZON = RECIPE.action_horizon
-NUM_INFERENCE_STEPS = 30
-"""Denoising steps per action request: NVIDIA's LIBERO eval samples with 30 UniPC steps
-(docs/action_conventions.md §7); the default of ``rollout.model`` and of ``Cosmos3Policy.predict``."""
 
 
 @dataclass(frozen=True)

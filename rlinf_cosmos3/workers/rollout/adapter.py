@@ -49,8 +49,8 @@ from rlinf_cosmos3.workers.rollout.protocol import (
 )
 
 if TYPE_CHECKING:
+    from rlinf_cosmos3.config.rollout import RolloutModelConfig
     from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
-    from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 
 
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.config.rollout import EmbeddedConfig, RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
-from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig, RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.protocol import payload_images, payload_prompts
 
 if TYPE_CHECKING:

@@ -16,13 +16,13 @@ from rlinf_cosmos3.config.eval import BACKENDS
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.cluster import Cluster
-    from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
-    from rlinf_cosmos3.workers.rollout.config import (
+    from rlinf_cosmos3.config.replay import ReplayConfig
+    from rlinf_cosmos3.config.rollout import (
         EmbeddedConfig,
         RolloutModelConfig,
         SGLangConfig,
     )
-    from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
+    from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
 
 
 def make_backend(
@@ -37,12 +37,12 @@ def make_backend(
 ) -> RolloutBackend:
     """The configured backend, not yet started (``rollout.rollout_backend``: ``sglang`` | ``embedded`` | ``replay``)."""
     if kind == "sglang":
-        from rlinf_cosmos3.workers.rollout.config import SGLangConfig
+        from rlinf_cosmos3.config.rollout import SGLangConfig
         from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
         return SGLangServerGroup(model_cfg, sglang_cfg or SGLangConfig(), log_dir=log_dir, cluster=cluster)
     if kind == "embedded":
-        from rlinf_cosmos3.workers.rollout.config import EmbeddedConfig
+        from rlinf_cosmos3.config.rollout import EmbeddedConfig
         from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyBackend
 
         if cluster is None:

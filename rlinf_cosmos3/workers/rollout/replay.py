@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cosmos3.config.replay import ReplayConfig
+from rlinf_cosmos3.config.rollout import RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig
 from rlinf_cosmos3.workers.rollout.protocol import EPISODE_CONTEXT, payload_images
-from rlinf_cosmos3.workers.rollout.replay_config import ReplayConfig
 
 
 class ReplayBackend(RolloutBackend):

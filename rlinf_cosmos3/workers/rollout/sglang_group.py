@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout import cleanup
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend, RolloutBackendError
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.http_client import ActionHTTPClient, ServerDiedError
 from rlinf_cosmos3.workers.rollout.protocol import payload_images, response_actions
 from rlinf_cosmos3.workers.rollout.server_process import ServerSpec, ServerStartError, SGLangServerProcess
