@@ -11,14 +11,11 @@ the replay backend's recorded dataset. Above ``config/`` so that configs import 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
-from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS, gripper_range_problem
+from rlinf_cosmos3.actions.gripper import GRIPPER_COMMANDS
 from rlinf_cosmos3.actions.rotation import ROT6D_DECODES
-from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.config.base import ConfigError, require, require_one_of, require_path
 from rlinf_cosmos3.config.model_settings import read_settings
 from rlinf_cosmos3.config.replay import ReplayConfig
@@ -34,6 +31,7 @@ from rlinf_cosmos3.models.cosmos3.identity import (
     compare_identities,
     read_identity,
 )
+from rlinf_cosmos3.validation.stats import StatsFields, check_stats_file, load_stats
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +61,7 @@ def validate_rollout_model(model: RolloutModelConfig, root: str = "rollout.model
             f"set {root}.view_point={CONCAT_VIEW}")
     if has_model:
         check_identity(model, root)
-    _check_stats(model, stats_path, root)
+    check_stats_file(stats_path, model_stats_fields(root), read_settings(model, ROLLOUT_SETTING_KEYS))
     try:
         domain = get_action_domain(model.domain_name)
     except KeyError as err:
@@ -133,31 +131,13 @@ def check_identity(model: RolloutModelConfig, root: str = "rollout.model", train
                       "; ".join(fixes) + "; or evaluate a model trained with these settings")
 
 
-def _check_stats(model: RolloutModelConfig, path: Path, root: str) -> None:
-    """The stats file must be valid and computed with this fps, chunk length and normalisation (when it
-    says so)."""
-    try:
-        stats = load_action_stats(path)
-    except (ActionStatsError, OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{root}.action_stats_path", f"unusable stats file: {err}",
-                          "use the stats file the model was trained with") from err
-    meta = stats.get("metadata", {})
-    recorded = meta.get("gripper_convention")
-    require(recorded in (None, model.gripper_convention), f"{root}.gripper_convention",
-            f"'{model.gripper_convention}' but the stats in '{path}' were computed for '{recorded}'",
-            f"set {root}.gripper_convention={recorded}")
-    raw = stats["global_raw"]
-    problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10],
-                                    model.gripper_convention)
-    require(problem is None, f"{root}.gripper_convention",
-            f"'{model.gripper_convention}' but in the stats '{path}' {problem}",
-            "set the convention the model's training data stored (zero_one, pm_one or pm_one_flip)")
-    for key, expected in (("fps", model.fps), ("chunk_length", model.num_action_chunks),
-                          ("normalization", model.action_normalization)):
-        if key in meta:
-            require(meta[key] == expected, f"{root}.action_stats_path",
-                    f"stats in '{path}' were computed with {key}={meta[key]} but the model uses {expected}",
-                    "use the stats file the model was trained with")
+def model_stats_fields(root: str = "rollout.model") -> StatsFields:
+    """How ``rollout.model`` (at ``root``) reports a stats file that does not fit it."""
+    return StatsFields(
+        stats=f"{root}.action_stats_path", convention=f"{root}.gripper_convention",
+        fix="use the stats file the model was trained with",
+        other_metadata="stats in '{path}' were computed with {key}={recorded} but the model uses {expected}",
+        other_convention="'{convention}' but the stats in '{path}' were computed for '{recorded}'")
 
 
 def check_replay(replay: ReplayConfig, pairs: list[tuple[int, int]], suite: str, num_settle_steps: int,
@@ -169,11 +149,7 @@ def check_replay(replay: ReplayConfig, pairs: list[tuple[int, int]], suite: str,
             "point it at a dataset written by toolkits/libero/record_demos.py")
     if replay.stats_path is not None:
         stats = require_path(replay.stats_path, f"{root}.stats_path", "action stats file", is_dir=False)
-        try:
-            load_action_stats(stats)
-        except (ActionStatsError, OSError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{root}.stats_path", f"unusable stats file: {err}",
-                              "use the stats file the SFT run trained with") from err
+        load_stats(stats, f"{root}.stats_path", "use the stats file the SFT run trained with")
     replay.validate(root)
     try:
         chosen, missing = choose_episodes(read_recorded_episodes(data), pairs)

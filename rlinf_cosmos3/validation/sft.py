@@ -2,26 +2,31 @@
 
 :mod:`rlinf_cosmos3.config.sft` declares the run's sections and checks their values; this module adds
 what needs the library's own readers: the model directory's components, the stats file (valid, made with
-this run's fps, chunk length, normalisation and gripper convention), the dataset's ``meta/info.json``
-and sample count, the checkpoint to resume, and the GPUs asked for. It sits above ``config/`` so that
-configs import none of those readers (docs/architecture.md, "Layers"); :func:`load_sft_config` is what
-the driver and every rank call.
+this run's fps, chunk length, normalisation and gripper convention; :mod:`rlinf_cosmos3.validation.stats`),
+the dataset's ``meta/info.json`` and sample count, the checkpoint to resume, and the GPUs asked for. It
+sits above ``config/`` so that configs import none of those readers (docs/architecture.md, "Layers");
+:func:`load_sft_config` is what the driver and every rank call.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_10
-from rlinf_cosmos3.actions.gripper import gripper_range_problem
-from rlinf_cosmos3.actions.stats import ActionStatsError, load_action_stats
 from rlinf_cosmos3.checkpoint.layout import COMPLETE_MARKER, is_complete_checkpoint, parse_step
 from rlinf_cosmos3.config.base import ConfigError, load_structured, require, require_path
-from rlinf_cosmos3.config.data import LiberoDataConfig
+from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
+from rlinf_cosmos3.config.model_settings import read_settings
 from rlinf_cosmos3.config.sft import SFTConfig, check_dataset_values, check_online_eval, check_sft_values
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info, count_training_samples
 from rlinf_cosmos3.models.cosmos3.components import missing_components
+from rlinf_cosmos3.validation.stats import StatsFields, check_stats_file
+
+DATASET_STATS = StatsFields(
+    stats="data.dataset.stats_path", convention="data.dataset.gripper_convention",
+    fix="recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset",
+    other_metadata="stats in '{path}' were computed with {key}={recorded!r} but the run uses {key}={expected!r}",
+    other_convention="'{convention}' but the stats in '{path}' were computed for gripper_convention='{recorded}'")
+"""How ``data.dataset`` reports a stats file that does not fit it (the ranks' reader checks the same)."""
 
 
 def load_sft_config(raw: Any, *, check_gpus: bool = True) -> SFTConfig:
@@ -52,8 +57,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     data = cfg.data.dataset
     require_path(data.root, "data.dataset.root", "LeRobot dataset", is_dir=True)
     stats_path = require_path(data.stats_path, "data.dataset.stats_path", "action stats file", is_dir=False)
-    _check_stats(stats_path, data.fps, data.chunk_length, data.normalization)
-    _check_gripper_convention(stats_path, data.gripper_convention)
+    check_stats_file(stats_path, DATASET_STATS, read_settings(data, DATA_SETTING_KEYS))
     _check_dataset(data)
 
     if check_gpus and cfg.cluster.use_gpus and cfg.cluster.address is None:
@@ -61,41 +65,6 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
         require(available >= cfg.cluster.num_gpus_per_node, "cluster.num_gpus_per_node",
                 f"requested {cfg.cluster.num_gpus_per_node} GPUs per node but this machine has {available}",
                 "set cluster.num_gpus_per_node=0 to train on CPU, or run on a GPU machine")
-
-
-def _check_stats(path: Path, fps: int, chunk_length: int, normalization: str) -> None:
-    """The stats file must be valid (10-D blocks, finite numbers) and, where its metadata records how it
-    was made, made with this run's fps, chunk length and normalisation (the ranks' reader checks the same)."""
-    try:
-        meta = load_action_stats(path).get("metadata", {})
-    except (OSError, ActionStatsError) as err:
-        raise ConfigError("data.dataset.stats_path", f"cannot use stats file '{path}': {err}",
-                          "compute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset") from err
-    for key, expected in (("fps", fps), ("chunk_length", chunk_length), ("normalization", normalization)):
-        if key in meta:
-            require(meta[key] == expected, "data.dataset.stats_path",
-                    f"stats in '{path}' were computed with {key}={meta[key]!r} but the run uses {key}={expected!r}",
-                    "recompute the stats with toolkits/cosmos3/compute_action_stats.py on this dataset")
-
-
-def _check_gripper_convention(path: Path, convention: str) -> None:
-    """The stats' gripper range (and recorded convention, when there is one) must fit ``data.dataset.gripper_convention``.
-
-    A ±1 dataset trained as ``zero_one`` (or the reverse) trains fine and evaluates with every gripper
-    command inverted or halved, so it is stopped here, from the stats file alone.
-    """
-    try:
-        stats = load_action_stats(path)
-    except (OSError, ActionStatsError) as err:
-        raise ConfigError("data.dataset.stats_path", f"malformed action stats file: {err}") from err
-    recorded = stats.get("metadata", {}).get("gripper_convention")
-    require(recorded in (None, convention), "data.dataset.gripper_convention",
-            f"'{convention}' but the stats in '{path}' were computed for gripper_convention='{recorded}'",
-            f"set data.dataset.gripper_convention={recorded} or use stats of this dataset")
-    raw = stats["global_raw"]
-    problem = gripper_range_problem(raw["min"][GRIPPER_INDEX_10], raw["max"][GRIPPER_INDEX_10], convention)
-    require(problem is None, "data.dataset.gripper_convention", f"'{convention}' but in the stats '{path}' {problem}",
-            "set the convention the dataset really stores (zero_one, pm_one or pm_one_flip)")
 
 
 def _check_resume_dir(value: str) -> None:
