@@ -28,7 +28,7 @@ from rlinf_cosmos3.models.cosmos3.observation import VIEW_POINT, compose_observa
 from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout import codec
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
-from rlinf_cosmos3.workers.rollout.protocol import response_actions
+from rlinf_cosmos3.workers.rollout.protocol import SamplingSettings, response_actions
 
 # global_raw quantiles per channel: dpos x, y, z | rot6d (6) | gripper.
 Q01 = [-0.5, -1.0, 0.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0, 0.0]
@@ -168,6 +168,15 @@ def test_build_request_sends_every_parameter(adapter: Cosmos3ActionAdapter) -> N
         "action_horizon": 16, "num_frames": 17, "num_inference_steps": 2, "height": 192, "width": 320,
         "fps": 20, "seed": 42, "guidance_scale": 1.0, "action_view_point": "concat_view", "flow_shift": 5.0}
     assert payload["runtime"] == {"response_format": "raw"}
+
+
+def test_sampling_settings_are_read_from_the_config() -> None:
+    """Each request parameter comes from its rollout.model field (distinct values, so none is mixed up)."""
+    cfg = RolloutModelConfig(num_inference_steps=5, height=256, width=384, fps=10, seed=7, guidance_scale=2.0,
+                             view_point="single_view", flow_shift=3.0, num_action_chunks=8, num_frames=9)
+    assert SamplingSettings.of(cfg) == SamplingSettings(
+        domain_name="libero", raw_action_dim=10, action_horizon=8, num_inference_steps=5, height=256, width=384,
+        fps=10, seed=7, guidance_scale=2.0, view_point="single_view", flow_shift=3.0)
 
 
 def test_restore_order_with_shuffled_groups(adapter: Cosmos3ActionAdapter) -> None:

@@ -120,12 +120,7 @@ class Cosmos3ActionAdapter:
         self.batching_max_size = batching_max_size
         self.response_format = response_format
         self.normalizer = ActionNormalizer(model_cfg.action_stats_path, model_cfg.action_normalization)
-        self.settings = SamplingSettings(
-            domain_name=model_cfg.domain_name, raw_action_dim=model_cfg.raw_action_dim,
-            action_horizon=model_cfg.num_action_chunks, num_inference_steps=model_cfg.num_inference_steps,
-            height=model_cfg.height, width=model_cfg.width, fps=model_cfg.fps, seed=model_cfg.seed,
-            guidance_scale=model_cfg.guidance_scale, view_point=model_cfg.view_point, flow_shift=model_cfg.flow_shift,
-        )
+        self.settings = SamplingSettings.of(model_cfg)
         self._token_lengths: PromptTokenLengths | None = None
 
     @property

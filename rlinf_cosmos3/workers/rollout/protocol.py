@@ -10,12 +10,15 @@ model's settings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
+
+if TYPE_CHECKING:
+    from rlinf_cosmos3.config.rollout import RolloutModelConfig
 
 EPISODE_CONTEXT = "episode"
 """Optional payload key: per row the ``task_ids``, ``init_state_ids`` and ``steps`` (policy steps so far)
@@ -23,9 +26,15 @@ of the observation's episode. Added by the adapter only for a backend with ``nee
 (the model-free ``replay`` backend); SGLang's and the embedded backend's payloads never carry it."""
 
 
+SAMPLING_CONFIG_KEYS = {"action_horizon": "num_action_chunks"}
+""":class:`SamplingSettings` field -> the ``rollout.model`` field it is read from, where the names differ
+(every other field has the name of its config field)."""
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Per-request parameters; all part of the model's identity except the seed."""
+    """Per-request parameters: the model's settings (domain, widths, horizon, canvas, fps, view point) and
+    the serving choices (steps, seed, guidance, flow shift), as ``rollout.model`` sets them (:meth:`of`)."""
 
     domain_name: str
     raw_action_dim: int
@@ -37,7 +46,13 @@ class SamplingSettings:
     seed: int
     guidance_scale: float
     view_point: str
-    flow_shift: float = 5.0
+    flow_shift: float
+
+    @classmethod
+    def of(cls, model_cfg: RolloutModelConfig) -> SamplingSettings:
+        """Every field read from its ``rollout.model`` field (:data:`SAMPLING_CONFIG_KEYS`), so a parameter
+        added here is sent as configured without a hand mapping to keep in step."""
+        return cls(**{f.name: getattr(model_cfg, SAMPLING_CONFIG_KEYS.get(f.name, f.name)) for f in fields(cls)})
 
     @property
     def domain_id(self) -> int:
