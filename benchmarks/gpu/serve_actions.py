@@ -92,6 +92,7 @@ import numpy as np
 import psutil
 import torch
 
+from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.models.cosmos3.tiny import (
     count_parameters,
     get_preset,
@@ -102,8 +103,8 @@ from rlinf_cosmos3.models.cosmos3.tiny import (
     write_synthetic_action_stats,
 )
 from rlinf_cosmos3.tracking.flops import attention_flop_formulas, measure_matmul
+from rlinf_cosmos3.validation.rollout import validate_rollout_model
 from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter, RequestGroup
-from rlinf_cosmos3.workers.rollout.config import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker
 from rlinf_cosmos3.workers.rollout.server_process import tagged_processes
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
@@ -993,9 +994,9 @@ def main(argv: list[str] | None = None) -> int:
     report.save()
 
     stats = args.stats_path or write_synthetic_action_stats(work_dir / "stats.json")
-    model_cfg = RolloutModelConfig(model_path=str(model_dir), action_stats_path=str(stats),
-                                   action_normalization="quantile_rot", num_inference_steps=args.inference_steps,
-                                   seed=args.seed).validate()
+    model_cfg = validate_rollout_model(RolloutModelConfig(
+        model_path=str(model_dir), action_stats_path=str(stats), action_normalization="quantile_rot",
+        num_inference_steps=args.inference_steps, seed=args.seed))
     adapter = Cosmos3ActionAdapter(model_cfg, batching_max_size=args.max_batch, response_format="raw")
     count = max(args.warmup + args.repeats, args.embedded_repeats)
     requests = build_requests(adapter, [1, args.flops_batch, *args.batch_sizes], count, args.seed)
