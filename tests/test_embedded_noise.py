@@ -26,9 +26,13 @@ TASK = "pick up the black bowl"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cosmos3ActionAdapter, EmbeddedPolicyWorker]:
-    root: Path = tmp_path_factory.mktemp("embedded_noise")
-    model_dir = write_model_dir(root / "tiny", preset="tiny", seed=0)
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("embedded_noise") / "tiny", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path) -> tuple[Cosmos3ActionAdapter, EmbeddedPolicyWorker]:
+    root = model_dir.parent
     block = {"mean": [0.0] * 10, "std": [1.0] * 10, "min": Q01, "max": Q99, "q01": Q01, "q99": Q99}
     stats = write_action_stats({"metadata": {"fps": 20, "chunk_length": 16}, "global": block, "global_raw": block},
                                root / "stats.json")
@@ -64,3 +68,20 @@ def test_each_observation_gets_its_own_deterministic_noise(served) -> None:
     single = worker.generate(_payload(adapter, main[1:], wrist[1:], seed=observation_seed(seed, 1)))
     np.testing.assert_array_equal(single[0], actions[1])
     assert observation_seed(seed, 0) == seed != observation_seed(seed, 1)
+
+
+def test_policy_predict_samples_what_the_embedded_backend_serves(served, model_dir: Path) -> None:
+    """``Cosmos3Policy.predict`` (open-loop checks) and the embedded backend share one sampling call
+    (``models/cosmos3/inference.predict_actions``): the same observation and seed give the same chunk."""
+    from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+
+    adapter, worker = served
+    rng = np.random.default_rng(1)
+    main = rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8)
+    wrist = rng.integers(0, 256, (1, 256, 256, 3), dtype=np.uint8)
+    payload = _payload(adapter, main, wrist, seed=7)
+    served_actions = worker.generate(payload)[0]
+    policy = Cosmos3Policy.from_pretrained(model_dir)
+    predicted = policy.predict(main[0], wrist[0], TASK, seed=7, num_inference_steps=2).float().numpy()
+    np.testing.assert_allclose(predicted, served_actions, atol=1e-5)
+    assert np.abs(served_actions).max() > 0

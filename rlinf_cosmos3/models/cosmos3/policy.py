@@ -26,7 +26,6 @@ a step's host work no longer grows with the number of samples.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -35,13 +34,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import nn
 
 from rlinf_cosmos3.models.cosmos3 import loading
-from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
 from rlinf_cosmos3.models.cosmos3.captioned_pipeline import CaptionedCosmos3Pipeline
-from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_eval_caption
 from rlinf_cosmos3.models.cosmos3.configuration import (
     NUM_TRAIN_TIMESTEPS,
     SHIFT_BY_TIER,
@@ -52,6 +48,7 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
 )
 from rlinf_cosmos3.models.cosmos3.domains import NUM_INFERENCE_STEPS, get_action_domain
 from rlinf_cosmos3.models.cosmos3.flow_matching import NoiseDraw, draw_noise, noise_pack, pack_losses
+from rlinf_cosmos3.models.cosmos3.inference import predict_actions
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 from rlinf_cosmos3.models.cosmos3.packed_attention import install_packed_attention, packed_processor_of
 from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout, merge_items, pack_layout, split_into_packs
@@ -344,7 +341,8 @@ class Cosmos3Policy(nn.Module):
         num_inference_steps: int = NUM_INFERENCE_STEPS,
     ) -> torch.Tensor:
         """Normalised ``[horizon, raw_action_dim]`` actions for one observation (two ``[h, w, 3]``
-        uint8 views) through the diffusers pipeline, set up as the SGLang server runs it.
+        uint8 views) through the diffusers pipeline, as the embedded backend samples them
+        (:func:`~rlinf_cosmos3.models.cosmos3.inference.predict_actions`, the scheduler's own flow shift).
 
         Needs a transformer the pipeline can call directly: unsharded, or sharded without mixed
         precision (the pipeline casts tokens to the parameters' dtype).
@@ -353,30 +351,10 @@ class Cosmos3Policy(nn.Module):
         canvas = compose_observation(
             np.asarray(main), np.asarray(wrist), height=cfg.canvas_height, width=cfg.canvas_width, channels_last=True
         )
-        # PIL, as SGLang receives it: diffusers reads uint8 arrays as if they were in [0, 1].
-        condition = policy_condition(
-            Image.fromarray(canvas),
-            domain_name=cfg.domain_name,
-            chunk_size=cfg.action_horizon,
-            resolution_tier=cfg.resolution_tier,
-            view_point=cfg.view_point,
-        )
-        caption = None
-        if cfg.caption_style == "cosmos_framework":  # what NVIDIA's LIBERO eval prompts with
-            caption = cosmos_framework_eval_caption(prompt, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
-                                                    fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
-        with self.pipeline.verbatim_caption(caption) if caption is not None else contextlib.nullcontext():
-            out = self.pipeline(
-                prompt=prompt,
-                action=condition,
-                num_inference_steps=num_inference_steps,
-                guidance_scale=1.0,
-                fps=cfg.fps,
-                generator=torch.Generator().manual_seed(seed),
-                output_type="latent",
-                use_system_prompt=False,
-            )
-        return out.action[0]
+        return predict_actions(self.pipeline, canvas, prompt, seed=seed, domain_name=cfg.domain_name,
+                               action_horizon=cfg.action_horizon, view_point=cfg.view_point,
+                               num_frames=cfg.num_frames, fps=cfg.fps, num_inference_steps=num_inference_steps,
+                               resolution_tier=cfg.resolution_tier, caption_style=cfg.caption_style)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

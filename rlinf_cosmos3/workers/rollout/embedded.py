@@ -21,7 +21,6 @@ scheduler (SGLang takes it from the request too).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,9 +62,7 @@ class EmbeddedPolicyWorker(Worker):
 
     def generate(self, payload: Mapping[str, Any]) -> np.ndarray:
         """One payload -> normalised ``[B, horizon, raw_action_dim]`` float32, image by image."""
-        import torch
-
-        from rlinf_cosmos3.models.cosmos3.action_condition import policy_condition
+        from rlinf_cosmos3.models.cosmos3.inference import predict_actions
 
         params = payload["parameters"]
         if params.get("action_mode", "policy") != "policy":
@@ -77,31 +74,16 @@ class EmbeddedPolicyWorker(Worker):
         if tuple(images.shape[1:3]) != canvas:
             raise ValueError(f"images are {images.shape[1]}x{images.shape[2]}, the request's canvas is "
                              f"{canvas[0]}x{canvas[1]}: compose them first (the SGLang path would crop)")
-        if "flow_shift" in params:
-            self.pipe.use_flow_shift(float(params["flow_shift"]))
         chunks = []
         for index, (image, prompt) in enumerate(zip(images, prompts, strict=True)):
-            condition = policy_condition(image, domain_name=params["domain_name"],
-                                         chunk_size=int(params["action_horizon"]),
-                                         view_point=params["action_view_point"])
-            generator = torch.Generator(device=self.device).manual_seed(observation_seed(int(params["seed"]), index))
-            with torch.inference_mode(), self._caption(prompt, params):
-                out = self.pipe(prompt=prompt, action=condition, num_inference_steps=int(params["num_inference_steps"]),
-                                fps=float(params["fps"]), guidance_scale=float(params["guidance_scale"]),
-                                generator=generator, output_type="latent", use_system_prompt=False)
-            chunks.append(out.action[0].float().cpu().numpy())
+            actions = predict_actions(
+                self.pipe, image, prompt, seed=observation_seed(int(params["seed"]), index),
+                domain_name=params["domain_name"], action_horizon=int(params["action_horizon"]),
+                view_point=params["action_view_point"], num_frames=int(params["num_frames"]), fps=float(params["fps"]),
+                num_inference_steps=int(params["num_inference_steps"]), guidance_scale=float(params["guidance_scale"]),
+                caption_style=self.caption_style, flow_shift=params.get("flow_shift"))
+            chunks.append(actions.float().cpu().numpy())
         return np.stack(chunks).astype(np.float32)
-
-    def _caption(self, prompt: str, params: Mapping[str, Any]) -> contextlib.AbstractContextManager:
-        """diffusers' own caption, or NVIDIA's eval caption verbatim (``cosmos_framework``)."""
-        if self.caption_style == "diffusers":
-            return contextlib.nullcontext()
-        from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_eval_caption
-
-        caption = cosmos_framework_eval_caption(
-            prompt, action_horizon=int(params["action_horizon"]), num_frames=int(params["num_frames"]),
-            fps=float(params["fps"]), height=int(params["height"]), width=int(params["width"]))
-        return self.pipe.verbatim_caption(caption)
 
 
 class EmbeddedPolicyBackend(RolloutBackend):
