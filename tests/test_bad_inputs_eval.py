@@ -174,6 +174,14 @@ def test_a_save_video_mode_that_does_not_exist_is_refused_before_ray(inputs, tmp
         assert load_eval_config(_raw(inputs, f"env.eval.save_video={old}")).env.eval.save_video == mode
 
 
+@pytest.mark.parametrize(("value", "text"), [(0, "must be >= 1, got 0"),
+                                             (17, "17 but a request returns 16 commands")])
+def test_open_loop_steps_outside_the_chunk_are_refused(inputs, tmp_path, value, text) -> None:
+    _refused(inputs, "env.eval.open_loop_steps", text, f"env.eval.open_loop_steps={value}")
+    _driver_refuses(inputs, tmp_path, "env.eval.open_loop_steps", f"env.eval.open_loop_steps={value}")
+    assert load_eval_config(_raw(inputs, "env.eval.open_loop_steps=8")).env.eval.open_loop_steps == 8
+
+
 # ----------------------------------------------------------------------------- environments
 def test_a_missing_simulator_environment_is_refused_before_ray(inputs, tmp_path, monkeypatch) -> None:
     err = _refused(inputs, "env.eval.python", r"simulator interpreter not found at '/no/libero/bin/python'",

@@ -33,6 +33,7 @@ from rlinf_cosmos3.workers.env.slot import EnvSlot
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
 from rlinf_cosmos3.workers.observation_keys import (
+    EPISODE_STEPS,
     MAIN_IMAGES,
     SLOT_IDS,
     STATES,
@@ -434,6 +435,25 @@ def test_slots_idling_in_one_chunk_step_close_their_simulators_concurrently(monk
     assert len(close_sends) == len(close_recvs) == 2, events
     assert max(close_sends) < min(close_recvs), f"closes were serialized: {events}"
     assert not _wait_all_gone(pgids), "simulator processes left after the last chunk step"
+
+
+def test_open_loop_steps_runs_the_head_of_each_chunk(cluster: Cluster) -> None:
+    """``open_loop_steps=6``: of each 16-command chunk only the first 6 run, so the policy is asked
+    again after 6 steps and the 22 policy steps under the cap take 4 requests (6+6+6+4), not 2."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=1, total_num_envs=1,
+                        max_episode_steps=CAP, open_loop_steps=6)
+    with env_group(cluster, cfg) as group:
+        out = _call(group, "observe", 0)
+        seen = [int(out.obs[EPISODE_STEPS][0])]
+        requests = 0
+        while not out.results:
+            out = _step(group, 0, out.obs)
+            requests += 1
+            if not out.results:
+                seen.append(int(out.obs[EPISODE_STEPS][0]))
+        assert seen == [0, 6, 12, 18]
+        assert requests == 4 and out.results[0].steps == CAP
+        _call(group, "close")
 
 
 def test_worker_count_must_match_the_group(cluster: Cluster) -> None:

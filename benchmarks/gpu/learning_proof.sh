@@ -27,7 +27,9 @@
 #   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
 #   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EXTRA_STATES (the init states evaluated again with each extra
 #   seed; default LP_HELD_OUT, e.g. 0-49 for both groups)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
-#   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_RECORD_ARGS (extra record_demos.py flags, e.g.
+#   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_EVAL_NAME (suffix of the eval and report outputs, so an
+#   eval variant keeps the others: LP_EVAL_NAME=_ol8 LP_EVAL_ARGS=env.eval.open_loop_steps=8 -> logs/eval_*_ol8,
+#   report_ol8.json)  LP_RECORD_ARGS (extra record_demos.py flags, e.g.
 #   "--action-noise 0.1 --recorded-action clean": perturbed demonstrations with corrective labels)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -116,12 +118,13 @@ if phase convert; then
     --use-ema-weights --dtype bf16 --overwrite
 fi
 
+SUFFIX="${LP_EVAL_NAME:-}"
 run_eval() {  # run_eval NAME SEED STATES
   # shellcheck disable=SC2086
-  timed "eval_$1" bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small \
+  timed "eval_$1$SUFFIX" bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small \
     rollout.model.model_path="$CONVERTED" rollout.model.action_stats_path="$STATS" rollout.model.seed="$2" \
     env.eval.task_ids="[$TASK]" env.eval.init_state_ids="$(hydra_list "$3")" \
-    env.eval.total_num_envs="${LP_EVAL_ENVS:-16}" runner.logs_dir="$LOGS/eval_$1" \
+    env.eval.total_num_envs="${LP_EVAL_ENVS:-16}" runner.logs_dir="$LOGS/eval_$1$SUFFIX" \
     ${LP_EVAL_ARGS:-}
 }
 if phase eval; then
@@ -132,23 +135,23 @@ fi
 if phase report; then
   groups=()
   latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::'; }  # newest run directory under a logs dir
-  first=$(latest "$LOGS/eval_all_seed42")
+  first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
   if [ -n "$first" ]; then
     groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
   fi
   for seed in $EXTRA_SEEDS; do  # each group takes the states of its own kind that the run evaluated
-    run=$(latest "$LOGS/eval_extra_seed$seed")
+    run=$(latest "$LOGS/eval_extra_seed$seed$SUFFIX")
     [ -n "$run" ] && groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
   done
-  [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report.json" "${groups[@]}"
+  [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
   # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
-  [ -n "$first" ] && "$PY" - "$first" "$WORK" <<'EOF'
+  [ -n "$first" ] && "$PY" - "$first" "$WORK" "$SUFFIX" <<'EOF'
 import json
 import shutil
 import sys
 from pathlib import Path
 
-run, work = Path(sys.argv[1]), Path(sys.argv[2])
+run, work, suffix = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
 for name, want in (("success", True), ("failure", False)):
     row = next((r for r in rows if r["success_once"] is want and r.get("video")), None)
@@ -156,7 +159,7 @@ for name, want in (("success", True), ("failure", False)):
         print(f"[learning_proof] no {name} video in {run}")
         continue
     src = Path(row["video"]) if Path(row["video"]).is_absolute() else run / row["video"]
-    dst = shutil.copyfile(src, work / f"{name}.mp4")
+    dst = shutil.copyfile(src, work / f"{name}{suffix}.mp4")
     print(f"[learning_proof] {name} video: init state {row['trial_id']}, {row['steps']} steps, "
           f"{Path(dst).stat().st_size / 2**20:.2f} MiB -> {dst}")
 EOF

@@ -10,6 +10,7 @@
 #   PRESET=tiny bash benchmarks/gpu/sft_worker_run.sh DATASET STATS OUT - 40 32 0-39   # the tiny preset instead
 #
 #   LOSS_CHECK=1 bash benchmarks/gpu/sft_worker_run.sh ...   # then the same STEPS again in fp32 and per-sample
+#   RESUME=0 bash benchmarks/gpu/sft_worker_run.sh ...       # run A only (a rate), its closing save in RAM, deleted
 #
 # LOSS_CHECK=1: after the resume, two more runs of run A's STEPS from the same random weights, data order
 # and noise (same seed), their closing save in RAM and deleted: `actor.model.precision=fp32` and `actor.max_tokens_per_pack=null`
@@ -38,6 +39,7 @@ PRESET="${PRESET:-nano}"
 [ "$PRESET" = nano ] || LAYERS=""  # other presets keep their own depth
 MODEL="$TMP/cosmos3_${PRESET}${LAYERS:+_${LAYERS}l}"
 CKPT_A="$TMP/sft_worker_ckpt"
+[ "${RESUME:-1}" = 1 ] || CKPT_A=/dev/shm/sft_worker_ckpt  # only a rate: the closing save goes to RAM
 CKPT_B="${SFT_RESUME_CKPT_DIR:-/dev/shm/sft_worker_ckpt}"
 NAME="${PRESET}${LAYERS:+${LAYERS}l}_mb${MICRO}"
 mkdir -p "$OUT"
@@ -67,16 +69,19 @@ echo "[sft_worker_run] run A: exit 0 after $(( $(date +%s) - start )) s"
 step_a="$CKPT_A/$NAME/checkpoints/global_step_$STEPS"
 du -sh "$step_a"/* "$step_a"/actor/* 2>/dev/null | tee "$OUT/checkpoint_sizes.txt"
 
-start=$(date +%s)
-echo "[sft_worker_run] == run B: resume from $step_a, 2 more steps, save"
-PYTHON="$PY" bash examples/sft/run_vla_sft.sh libero_sft_cosmos3 "${common[@]}" \
-  runner.max_steps=$((STEPS + 2)) runner.save_interval=$((STEPS + 2)) runner.logs_dir="$OUT/logs_b" \
-  runner.log_path="$CKPT_B" runner.resume_dir="$step_a" ${SFT_WORKER_ARGS:-}
-echo "[sft_worker_run] run B: exit 0 after $(( $(date +%s) - start )) s"
-ls "$CKPT_B/$NAME/checkpoints"
+runs=(logs_a)
+if [ "${RESUME:-1}" = 1 ]; then
+  start=$(date +%s)
+  echo "[sft_worker_run] == run B: resume from $step_a, 2 more steps, save"
+  PYTHON="$PY" bash examples/sft/run_vla_sft.sh libero_sft_cosmos3 "${common[@]}" \
+    runner.max_steps=$((STEPS + 2)) runner.save_interval=$((STEPS + 2)) runner.logs_dir="$OUT/logs_b" \
+    runner.log_path="$CKPT_B" runner.resume_dir="$step_a" ${SFT_WORKER_ARGS:-}
+  echo "[sft_worker_run] run B: exit 0 after $(( $(date +%s) - start )) s"
+  ls "$CKPT_B/$NAME/checkpoints"
+  runs+=(logs_b)
+fi
 rm -rf "$CKPT_A" "$CKPT_B"  # free the disk before anything else runs
 
-runs=(logs_a logs_b)
 if [ "${LOSS_CHECK:-0}" = 1 ]; then
   for check in fp32:actor.model.precision=fp32 per_sample:actor.max_tokens_per_pack=null; do
     label="${check%%:*}"; override="${check#*:}"

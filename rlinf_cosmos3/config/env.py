@@ -70,6 +70,10 @@ class EnvEvalConfig:
     """Per-suite step caps (``{libero_10: 600}``), over ``max_episode_steps`` and the defaults."""
     num_settle_steps: int = NUM_SETTLE_STEPS
     """No-op steps (``[0,0,0,0,0,0,-1]``) after each reset so objects settle; not policy steps."""
+    open_loop_steps: int | None = None
+    """Commands of each predicted chunk that run before the policy is asked again (receding horizon;
+    Cosmos Policy's ``num_open_loop_steps``). None: the whole chunk (``rollout.model.num_action_chunks``),
+    as NVIDIA's LIBERO evals run it. Fewer: feedback sooner, more requests per episode."""
     stop_on_success: bool = True
     """End an episode at its first successful step (the reference eval); else run to the cap."""
     image_size: int = 256
@@ -200,6 +204,8 @@ class EnvEvalConfig:
                 f"x {stage_field}={pipeline_stage_num} env groups",
                 f"make {root}.total_num_envs a multiple of {groups}")
         require(self.num_settle_steps >= 0, f"{root}.num_settle_steps", f"must be >= 0, got {self.num_settle_steps}")
+        require(self.open_loop_steps is None or self.open_loop_steps >= 1, f"{root}.open_loop_steps",
+                f"must be >= 1, got {self.open_loop_steps}", "leave it null to run every predicted command")
         for suite, cap in self.step_caps().items():
             where = f"{root}.suite_max_episode_steps" if suite in self.suite_max_episode_steps \
                 else f"{root}.max_episode_steps"

@@ -77,6 +77,7 @@ def episode_settings(cfg: EvalConfig) -> dict[str, Any]:
         "env.eval.init_state_ids": env.resolved_init_state_ids(),
         "env.eval.max_episode_steps": env.step_caps() if env.multi_suite else env.resolved_max_episode_steps(),
         "env.eval.num_settle_steps": env.num_settle_steps, "env.eval.stop_on_success": env.stop_on_success,
+        "env.eval.open_loop_steps": env.open_loop_steps,
         "env.eval.seed": env.seed, "env.eval.image_size": env.image_size,
         "rollout.rollout_backend": cfg.rollout.rollout_backend,
     }

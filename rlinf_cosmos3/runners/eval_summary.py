@@ -53,6 +53,8 @@ class EvalSummary:
     sim_wait_s: float = 0.0
     """Summed over stage loops: time a stage waited for its chunk step. With perfect overlap a
     stage loop's ``inference + sim`` wait fills the wall time and the servers never idle."""
+    open_loop_steps: int | None = None
+    """Commands of each chunk run per request (``env.eval.open_loop_steps``); None: the whole chunk."""
     save_video: str = "none"
     videos: list[str] = field(default_factory=list)
     """The mp4s written (``save_video`` all: every episode, failures: those that did not succeed),
@@ -144,6 +146,7 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
         per_task=_per_task(results, (lambda r: f"{r.suite}/{r.task_id}") if env.multi_suite else (lambda r: r.task_id)),
         step_cap=caps if env.multi_suite else caps[suites[0]],
         num_settle_steps=env.num_settle_steps,
+        open_loop_steps=env.open_loop_steps,
         wall_time_s=wall_time_s,
         env_steps=steps,
         env_steps_per_s=steps / wall_time_s if wall_time_s > 0 else 0.0,

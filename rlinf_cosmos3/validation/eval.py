@@ -46,6 +46,10 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
     env = cfg.env.eval
     env.validate(rollout.pipeline_stage_num, root="env.eval")
     env.check_interpreter("env.eval")
+    chunk = rollout.model.num_action_chunks
+    require(env.open_loop_steps is None or env.open_loop_steps <= chunk, "env.eval.open_loop_steps",
+            f"{env.open_loop_steps} but a request returns {chunk} commands (rollout.model.num_action_chunks)",
+            f"use 1..{chunk}, or null for the whole chunk")
     if replay:
         require(not env.multi_suite, "env.eval.suites",
                 f"the replay backend answers from one recorded dataset, of one suite; got {env.resolved_suites()}",

@@ -70,12 +70,13 @@ class LiberoEnvWorker(Worker):
         self._failure: str | None = None
         self._closed = False
         assigned = sum(len(eps) for stage in plan for _, eps in stage)
-        self.logger.info("%s: %d of %d episodes on %d stage(s) x %d env(s), cap %s steps (%d settle)",
+        self.logger.info("%s: %d of %d episodes on %d stage(s) x %d env(s), cap %s steps (%d settle), "
+                         "%s commands of each chunk run",
                          cfg.suite_label, assigned, len(episodes), pipeline_stage_num,
                          cfg.envs_per_stage(pipeline_stage_num),
                          ", ".join(f"{s} {c}" for s, c in cfg.step_caps().items()) if cfg.multi_suite
                          else cfg.resolved_max_episode_steps(),
-                         cfg.num_settle_steps)
+                         cfg.num_settle_steps, cfg.open_loop_steps or "all")
 
     # ------------------------------------------------------------------ guard
     def _check_usable(self, what: str) -> None:
@@ -162,6 +163,8 @@ class LiberoEnvWorker(Worker):
             env_stage = self._stages[stage]
             if not self._observed[stage]:
                 raise RuntimeError(f"chunk_step({stage}) before observe({stage}): no observation was handed out")
+            if self.cfg.open_loop_steps is not None:  # receding horizon: the rest of the chunk is dropped
+                actions = np.asarray(actions)[:, :self.cfg.open_loop_steps]
             env_stage.step(actions, slot_ids)
             return env_stage.output(started)
 
