@@ -610,6 +610,30 @@ def timed_step(setup: Setup, trainer: Trainer, global_step: int) -> Any:
     )
 
 
+def profile_steps(setup: Setup, trainer: Trainer, variant: Variant, first_step: int, steps: int = 3) -> None:
+    """``steps`` more steps under ``torch.profiler``: where a step's time goes (self time per op, on the
+    GPU and on the CPU, and how busy the GPU was) -> ``<--profile>/<variant>.txt``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.device.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for step in range(first_step, first_step + steps):
+            timed_step(setup, trainer, step)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events) if setup.device.type == "cuda" else 0.0
+    busy = f"; GPU kernels busy {gpu_us / 1e6:.3f} s ({100 * gpu_us / 1e6 / wall:.0f} % of the wall time)" \
+        if setup.device.type == "cuda" else ""
+    lines = [f"{variant.name}: {steps} steps in {wall:.3f} s under the profiler{busy}"]
+    for key in (["self_device_time_total"] if setup.device.type == "cuda" else []) + ["self_cpu_time_total"]:
+        lines += ["", f"sorted by {key}:", events.table(sort_by=key, row_limit=30, max_name_column_width=70)]
+    out = setup.args.profile / f"{variant.name}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    logger.info("[%6.1fs] %s: %s -> %s", setup.elapsed(), variant.name, lines[0], out)
+
+
 @contextmanager
 def watch_transformer_calls(transformer: torch.nn.Module) -> Iterator[list[dict[str, int]]]:
     """Record the sequence layout of every transformer call (what it really sees)."""
@@ -721,6 +745,8 @@ def run_variant(setup: Setup, variant: Variant, flops_per_step: int, matmul_rate
             logger.info("[%6.1fs] %s: warm-up step %d/%d", setup.elapsed(), variant.name, step + 1, warmup)
         warmup_s = time.perf_counter() - t0
         results = [timed_step(setup, trainer, step) for step in range(warmup, warmup + args.steps)]
+    if args.profile:
+        profile_steps(setup, trainer, variant, warmup + args.steps)
     totals = [r.forward_backward_s + r.optimizer_s for r in results]
     step_s = statistics.median(totals)
     samples = args.global_batch
@@ -912,6 +938,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--memory-target-gib", type=float, default=DEFAULT_MEMORY_TARGET_GIB, help="for --layers auto")
     add("--time-budget-s", type=float, default=DEFAULT_TIME_BUDGET_S, help="skip variants not started by then")
     add("--seed", type=int, default=0)
+    add("--profile", type=Path, help="after the timed steps, 3 more under torch.profiler; tables -> DIR/<variant>.txt")
     add("--out", type=Path, help="JSON path (default benchmarks/results/sft_step_<device>_<date>.json)")
     args = p.parse_args(argv)
     on_gpu = args.device == "cuda"

@@ -96,7 +96,7 @@ if [ "${LOSS_CHECK:-0}" = 1 ]; then
   done
 fi
 
-# Steady rate: the median of run A's steps after the first two (compilation, allocator warm-up).
+# Steady rate: run A's steps after the first two (compilation, allocator warm-up), median and mean.
 "$PY" - "$OUT" "$STEPS" "${runs[@]}" <<'EOF' | tee "$OUT/summary.txt"
 import re, statistics, sys
 from pathlib import Path
@@ -105,10 +105,14 @@ for run in sys.argv[3:]:
     (log,) = (out / run).glob("*/run_embodiment.log")
     rows = [dict(re.findall(r"(\w+)=([-\d.e+]+)", m.group(1))) | {"step": int(m.group(0).split()[1].split("/")[0])}
             for m in re.finditer(r"step \d+/\d+ (.*)", log.read_text())]
-    steady = [float(r["samples_per_s"]) for r in rows if r["step"] > 2] or [float(r["samples_per_s"]) for r in rows]
+    later = [r for r in rows if r["step"] > 2] or rows
+    steady = [float(r["samples_per_s"]) for r in later]
+    # the mean counts every step's time (an epoch boundary's slow step too); the median hides it
+    mean = sum(float(r["samples_per_s"]) * float(r["step_time_s"]) for r in later) / sum(float(r["step_time_s"]) for r in later)
     print(f"{run}: steps {[r['step'] for r in rows]}")
     for key in ("loss", "action_loss", "grad_norm"):
         print(f"{run}: {key} {[round(float(r[key]), 3) for r in rows if key in r]}")
-    print(f"{run}: samples/s median {statistics.median(steady):.2f} (steps > 2), peak GiB "
+    print(f"{run}: step_time_s {[round(float(r['step_time_s']), 3) for r in rows]}")
+    print(f"{run}: samples/s median {statistics.median(steady):.2f}, mean {mean:.2f} (steps > 2), peak GiB "
           f"{max(float(r['peak_memory_gb']) for r in rows):.1f}")
 EOF

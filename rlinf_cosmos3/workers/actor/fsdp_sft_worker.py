@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
@@ -30,7 +30,8 @@ from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedu
 from rlinf_cosmos3.components.train_step import sample_generators, train_step
 from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
-from rlinf_cosmos3.data.sampler import ResumableDistributedSampler, SamplerPosition
+from rlinf_cosmos3.data.sampler import ResumableDistributedSampler
+from rlinf_cosmos3.data.stream import BatchStream
 from rlinf_cosmos3.models.cosmos3.configuration import (
     policy_config_from_sft,
     sft_latent_cache_key,
@@ -67,7 +68,7 @@ class FSDPSFTWorker(Worker):
             len(self.dataset), self.rank, self.world_size, seed=cfg.runner.seed
         )
         self.grad_accum_steps = cfg.actor.global_batch_size // (cfg.actor.micro_batch_size * self.world_size)
-        self._loader_iter = None
+        self._stream: BatchStream | None = None
 
         precision = model_cfg.precision if on_gpu else "fp32"
         policy_cfg = policy_config_from_sft(cfg, precision=precision)
@@ -152,37 +153,17 @@ class FSDPSFTWorker(Worker):
             raise RuntimeError(f"latent cache {cache_dir} holds {len(dataset)} samples, the reader {len(source)}")
         return dataset
 
-    def _make_loader(self) -> DataLoader:
-        workers = self.cfg.data.num_workers
-        return DataLoader(
-            self.dataset,
-            batch_size=self.cfg.actor.micro_batch_size,
-            sampler=self.sampler,
-            num_workers=workers,
-            collate_fn=collate_samples,
-            drop_last=True,
-            prefetch_factor=self.cfg.data.prefetch_factor if workers > 0 else None,
-            pin_memory=self.device.type == "cuda",
-        )
-
     def _next_batch(self) -> dict[str, Any]:
-        """The next micro-batch of this rank's stream, rolling over epochs; advances the position."""
-        for _ in range(2):
-            if self._loader_iter is None:
-                self._loader_iter = iter(self._make_loader())
-            try:
-                batch = next(self._loader_iter)
-            except StopIteration:
-                self._loader_iter = None
-                if self.sampler.position.offset != 0:  # a dropped partial micro-batch ends the epoch
-                    self.sampler.position = SamplerPosition(epoch=self.sampler.position.epoch + 1, offset=0)
-                continue
-            self.sampler.advance(self.cfg.actor.micro_batch_size)
-            return batch
-        raise RuntimeError(
-            f"rank {self.rank}: the dataset yields no full micro-batch of {self.cfg.actor.micro_batch_size} "
-            f"samples ({len(self.dataset)} samples over {self.world_size} ranks); lower actor.micro_batch_size"
-        )
+        """The next micro-batch of this rank's stream (:class:`BatchStream`: epochs rolled over, the
+        position advanced); the stream is made at the first call, after a resume has set the position."""
+        if self._stream is None:
+            workers = self.cfg.data.num_workers
+            self._stream = BatchStream(
+                self.dataset, self.sampler, self.cfg.actor.micro_batch_size, num_workers=workers,
+                prefetch_factor=self.cfg.data.prefetch_factor, collate_fn=collate_samples,
+                pin_memory=self.device.type == "cuda", rank=self.rank,
+            )
+        return next(self._stream)
 
     # ------------------------------------------------------------------ training
 
