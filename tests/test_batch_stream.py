@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from rlinf_cosmos3.data.collate import collate_samples
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler
 from rlinf_cosmos3.data.stream import BatchStream
 
@@ -26,13 +27,9 @@ class _Items(Dataset):
         return {"index": torch.tensor(i), "pid": torch.tensor(os.getpid())}
 
 
-def _collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {key: torch.stack([item[key] for item in items]) for key in items[0]}
-
-
 def _stream(sampler: ResumableDistributedSampler, batch: int = 3, workers: int = 2) -> BatchStream:
     return BatchStream(_Items(sampler.dataset_len), sampler, batch, num_workers=workers, prefetch_factor=2,
-                       collate_fn=_collate)
+                       collate_fn=collate_samples)
 
 
 def _expected(sampler_args: tuple, epochs: int, batch: int) -> list[list[int]]:
@@ -63,7 +60,7 @@ def test_a_resumed_stream_continues_exactly() -> None:
     straight = _stream(ResumableDistributedSampler(11, 1, 2, seed=3), batch=2)
     want = [next(straight)["index"].tolist() for _ in range(9)]
     first = ResumableDistributedSampler(11, 1, 2, seed=3)
-    head = [next(_stream(first, batch=2))["index"].tolist() for _ in range(1)]
+    head = [next(_stream(first, batch=2))["index"].tolist()]  # a first stream, then a new one on the same sampler
     stream = _stream(first, batch=2)
     head += [next(stream)["index"].tolist() for _ in range(3)]
     resumed = ResumableDistributedSampler(11, 1, 2, seed=3)
