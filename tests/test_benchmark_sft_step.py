@@ -90,6 +90,8 @@ def test_cpu_run_reports_packed_and_per_sample_side_by_side(tmp_path: Path) -> N
     assert any("scaled_dot_product" in op for op in flops["by_op_per_sample"])  # attention is counted
     assert _positive_finite(report["matmul"]["flops_per_s"])
     assert _positive_finite(report["encode_s_per_sample"])
+    # the worker's intra-op threads: Ray's OMP_NUM_THREADS = the recipe's cluster.cpus_per_rank (8), at most the cores
+    assert report["device"]["cpu_threads"] == min(8, os.cpu_count() or 1)
 
     variants = report["variants"]
     assert [(v["name"], v["features"], v["status"]) for v in variants] == [
@@ -123,22 +125,19 @@ def test_cpu_run_reports_packed_and_per_sample_side_by_side(tmp_path: Path) -> N
 def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -> None:
     """The recipe's variant (``ac``, packed, EMA) timed by the benchmark == the worker's calls on the recipe.
 
-    The reference side composes the recipe itself and builds optimizer, schedule and EMA with the library
-    calls ``FSDPSFTWorker.setup`` makes, then calls ``train_step`` as ``FSDPSFTWorker.train_step`` does;
-    both start from the same random weights and micro-batches. Equal losses, gradient norms, learning
+    The reference side composes the recipe itself, builds the policy, optimizer, schedule and EMA with the
+    library calls ``FSDPSFTWorker.setup`` makes (``build_sft_policy`` on the benchmark's weights directory,
+    ``build_sft_optimization``), then calls ``train_step`` as ``FSDPSFTWorker.train_step`` does; both
+    start from the same weights on disk and the same micro-batches. Equal losses, gradient norms, learning
     rates, AdamW moments and EMA shadows after two steps mean the benchmark times the worker's step.
     """
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
-    from rlinf_cosmos3.components.ema import PowerEMA
-    from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
+    from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
     from rlinf_cosmos3.components.train_step import train_step
     from rlinf_cosmos3.config.base import load_structured
     from rlinf_cosmos3.config.sft import SFTConfig
-    from rlinf_cosmos3.models.cosmos3.configuration import policy_config_from_sft
-    from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
-    from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
 
     args = bench.parse_args(["--device", "cpu", "--preset", "tiny", "--variants", "base+ac+ema+pack+mb2",
                              "--global-batch", "4", "--seed", "3"])
@@ -153,30 +152,17 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
                      "actor.micro_batch_size=2", "actor.global_batch_size=4", "runner.seed=3"]
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             cfg = load_structured(SFTConfig, compose(config_name="libero_sft_cosmos3", overrides=overrides))
-        model_cfg, optim = cfg.actor.model, cfg.actor.optim
-        enc = setup.encoder
-        policy = Cosmos3Policy(bench.meta_transformer(setup.model_dir, setup.layers), enc.vae,
-                               enc.pipeline.text_tokenizer, enc.pipeline.scheduler,
-                               policy_config_from_sft(cfg, precision="fp32"))
-        parallelize(policy, setup.mesh, ParallelizeConfig(
-            precision="fp32", activation_checkpointing=model_cfg.activation_checkpointing,
-            reshard_after_forward=model_cfg.reshard_after_forward, compile_blocks=model_cfg.compile_blocks,
-        ))
+        model_cfg = cfg.actor.model
+        policy, _ = build_sft_policy(cfg, torch.device("cpu"), world_size=1)
         transformer = policy.transformer
-        bench.init_random_(transformer, setup.device, args.seed)  # the benchmark's random "checkpoint"
-        transformer.train()
-        select_trainable(transformer, model_cfg.keys_to_select)
-        optimizer = build_optimizer(transformer, optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps,
-                                    model_cfg.lr_multipliers)
-        scheduler = lambda_linear_schedule(optimizer, optim.lr_warmup_steps, optim.total_training_steps,
-                                           min_lr_rate=optim.min_lr_rate)
-        ema = PowerEMA(transformer, rate=model_cfg.ema_rate, enabled=model_cfg.ema_enabled)
+        optimization = build_sft_optimization(transformer, cfg)
+        optimizer, scheduler, ema = optimization.optimizer, optimization.scheduler, optimization.ema
         batches = bench.micro_batches(setup, cfg.actor.micro_batch_size)
         stream = iter(batches + batches)
         accum = cfg.actor.global_batch_size // cfg.actor.micro_batch_size  # one rank, as the worker divides
         theirs = [
             train_step(policy, optimizer, stream.__next__, grad_accum_steps=accum, seed=cfg.runner.seed,
-                       global_step=step, clip_grad=optim.clip_grad, scheduler=scheduler, ema=ema)
+                       global_step=step, clip_grad=cfg.actor.optim.clip_grad, scheduler=scheduler, ema=ema)
             for step in range(2)
         ]
     finally:
@@ -192,10 +178,10 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
     assert [g["lr"] for g in timed.optimizer.param_groups] == [g["lr"] for g in optimizer.param_groups]
     assert len(timed.optimizer.param_groups) == 2  # the action heads' 5x group
     for p, q in zip(timed.policy.transformer.parameters(), transformer.parameters(), strict=True):
-        assert torch.equal(p.full_tensor(), q.full_tensor())
+        assert torch.equal(p, q)
         if p.requires_grad:
             for key in ("exp_avg", "exp_avg_sq"):
-                assert torch.equal(timed.optimizer.state[p][key].full_tensor(), optimizer.state[q][key].full_tensor())
+                assert torch.equal(timed.optimizer.state[p][key], optimizer.state[q][key])
     assert timed.ema.shadow.keys() == ema.shadow.keys()
     assert all(torch.equal(timed.ema.shadow[k], ema.shadow[k]) for k in ema.shadow)
 
@@ -271,3 +257,20 @@ def test_memory_model_and_nano_default_layers(bench: ModuleType, tmp_path: Path)
     assert peak("ac+pack+mb32") < target < peak("pack+mb32")
     assert peak("ac+nopack+mb32") < peak("ac+pack+mb32")  # one layer of the whole pack is recomputed at once
     assert peak("pack+mb16") == peak("nopack+mb16")  # without checkpointing packing keeps the same activations
+
+
+def test_weights_dir_cuts_layers_and_writes_loadable_weights(bench: ModuleType, tmp_path: Path) -> None:
+    """A directory of the asked depth is used as it is; another depth gets a copy with random weights that
+    the worker's loader accepts (the key sets must match its config exactly)."""
+    from rlinf_cosmos3.models.cosmos3 import loading
+    from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
+
+    model_dir = write_model_dir(tmp_path / "tiny", preset="tiny")
+    layers = json.loads((model_dir / "transformer" / "config.json").read_text())["num_hidden_layers"]
+    assert bench.weights_dir(model_dir, layers, tmp_path, torch.device("cpu"), 0) == model_dir
+
+    cut = bench.weights_dir(model_dir, 1, tmp_path, torch.device("cpu"), 0)
+    assert cut != model_dir and json.loads((cut / "transformer" / "config.json").read_text())["num_hidden_layers"] == 1
+    transformer = loading.build_transformer_on_meta(cut)
+    loading.load_transformer_weights(transformer, cut, device="cpu")
+    assert len(transformer.layers) == 1 and not any(p.is_meta for p in transformer.parameters())

@@ -3,15 +3,17 @@
 Everything the SFT worker does comes from the library, configured from the reference recipe
 (``examples/sft/config/libero_sft_cosmos3.yaml`` + ``model/cosmos3.yaml``, composed with Hydra as the
 launcher does, then ``load_structured(SFTConfig, ...)`` with placeholder data paths): the policy
-settings (``policy_config_from_sft``), FSDP2 sharding (``parallelize`` over a one-rank mesh, bf16
-compute over fp32 master weights on GPU), ``select_trainable`` + ``build_optimizer`` +
-``lambda_linear_schedule`` (+ ``PowerEMA`` with ``ema``), and the timed step itself,
+settings, loading and FSDP2 sharding (``build_sft_policy``: one-rank mesh, bf16 compute over fp32 master
+weights on GPU, the recipe's trainable selection), AdamW + schedule + EMA (``build_sft_optimization``),
+and the timed step itself,
 ``rlinf_cosmos3.components.train_step.train_step`` (zero grads, the micro-batches through ``sft_loss``
 and backward, clip, AdamW step, schedule), whose own forward/backward and optimizer times are reported.
 A variant is the recipe plus Hydra overrides (recorded in the JSON). What is the benchmark's own: a
-``Cosmos3OmniTransformer`` of ``--layers N`` of the 36 Nano decoder layers built on meta and filled with
-random weights on the device (never the whole model on the host), a random frozen VAE, and synthetic
-samples in the reader's layout (17 frames of two 256x256 views, 16 normalised 10-D actions, one prompt).
+model directory of ``--layers N`` of the 36 Nano decoder layers with random weights made on the device
+and saved (as ``make_tiny_model.py --materialize-on`` writes it for the launcher), loaded per variant by
+the worker's own ``components.sft_trainer.build_sft_policy`` (meta build, FSDP2 sharding, weights streamed
+in), a random frozen VAE for the cached latents, and synthetic samples in the reader's layout (17 frames
+of two 256x256 views, 16 normalised 10-D actions, one prompt).
 
 The micro-batches are what the worker gets with ``data.latent_cache_dir``: cached-latent batches
 (``x0_vision`` in the VAE's dtype, ``vision_frame_valid``, ``actions``, ``action_is_pad``,
@@ -79,6 +81,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import socket
 import statistics
 import sys
@@ -398,7 +401,6 @@ class Setup:
     layout: Layout
     counts: ModelCounts
     layers: int = 0
-    mesh: Any = None
     first_encode_s_per_sample: float = math.nan
     t_start: float = field(default_factory=time.monotonic)
 
@@ -512,29 +514,31 @@ def count_model(model_dir: Path, keys_to_select: list[str] | None, vae: torch.nn
     )
 
 
-@torch.no_grad()
-def init_random_(transformer: torch.nn.Module, device: torch.device, seed: int) -> None:
-    """Allocate the (sharded) meta parameters on ``device`` and fill them with sane random values.
+def weights_dir(model_dir: Path, layers: int, workdir: Path, device: torch.device, seed: int) -> Path:
+    """A model directory with ``layers`` decoder layers and weights on disk, loaded as the worker loads it.
 
-    Values do not change the speed; the scale keeps a bf16 loss finite: weights N(0, 1/fan_in),
-    norm weights 1, biases and other vectors 0. Written into each DTensor's local shard (the whole
-    tensor at world size 1), so no DTensor random-number machinery is involved.
+    ``model_dir`` itself when it holds transformer weights of that depth; otherwise a copy of its configs
+    (tokenizer, scheduler, VAE config) cut to ``layers`` with random weights made on ``device``
+    (``write_random_weights``, what ``make_tiny_model.py --materialize-on`` writes for the launcher).
     """
-    from torch.distributed.tensor import DTensor
+    from rlinf_cosmos3.models.cosmos3.loading import transformer_weight_files
+    from rlinf_cosmos3.models.cosmos3.tiny import write_random_weights
 
-    buffers = {name: b.detach().clone() for name, b in transformer.named_buffers() if not b.is_meta}
-    transformer.to_empty(device=device)
-    for name, value in buffers.items():
-        transformer.get_buffer(name).copy_(value)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, param in transformer.named_parameters():
-        local = param.to_local() if isinstance(param, DTensor) else param
-        if param.dim() >= 2:
-            local.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
-        elif name.endswith("weight"):
-            local.fill_(1.0)
-        else:
-            local.zero_()
+    config = json.loads((model_dir / "transformer" / "config.json").read_text())
+    try:
+        has_weights = bool(transformer_weight_files(model_dir))
+    except FileNotFoundError:
+        has_weights = False
+    if has_weights and int(config["num_hidden_layers"]) == layers:
+        return model_dir
+    out = workdir / f"weights_{layers}l"
+    shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    config["num_hidden_layers"] = layers
+    (out / "transformer" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    t0 = time.perf_counter()
+    write_random_weights(out, device=device, seed=seed)
+    logger.info("random weights of %d layers written to %s in %.1f s", layers, out, time.perf_counter() - t0)
+    return out
 
 
 @dataclass
@@ -555,44 +559,22 @@ class Trainer:
 
 
 def build(setup: Setup, variant: Variant, *, train: bool = True) -> Trainer:
-    """A fresh policy for ``variant`` set up as ``FSDPSFTWorker.setup`` does, with random weights."""
-    from rlinf_cosmos3.components.ema import PowerEMA
-    from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
-    from rlinf_cosmos3.models.cosmos3.configuration import policy_config_from_sft
-    from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize
-    from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+    """A fresh policy for ``variant`` built as ``FSDPSFTWorker.setup`` builds it (the library's
+    ``build_sft_policy`` + ``build_sft_optimization`` on the weights directory)."""
+    from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
 
-    cfg, enc = setup.config(variant), setup.encoder
-    model_cfg, optim = cfg.actor.model, cfg.actor.optim
-    transformer = meta_transformer(setup.model_dir, setup.layers)
-    policy_cfg = policy_config_from_sft(cfg, precision=setup.precision)
-    pipe = enc.pipeline
-    policy = Cosmos3Policy(transformer, enc.vae, pipe.text_tokenizer, pipe.scheduler, policy_cfg)
-    parallelize(policy, setup.mesh, ParallelizeConfig(
-        precision=setup.precision,
-        activation_checkpointing=model_cfg.activation_checkpointing,
-        reshard_after_forward=model_cfg.reshard_after_forward,
-        compile_blocks=model_cfg.compile_blocks,
-    ))
+    cfg = setup.config(variant)
+    policy, _ = build_sft_policy(cfg, setup.device, world_size=1)
     if variant.prefetch:
-        layers = list(transformer.layers)
+        layers = list(policy.transformer.layers)
         for i, layer in enumerate(layers):
             layer.set_modules_to_forward_prefetch(layers[i + 1 : i + 1 + variant.prefetch])
             layer.set_modules_to_backward_prefetch(layers[max(0, i - variant.prefetch) : i][::-1])
-    init_random_(transformer, setup.device, setup.args.seed)
-    transformer.train()
-    select_trainable(transformer, model_cfg.keys_to_select)
     trainer = Trainer(cfg, policy)
     if train:
-        trainer.optimizer = build_optimizer(
-            transformer, optim.lr, optim.weight_decay, tuple(optim.betas), optim.eps,
-            model_cfg.lr_multipliers, implementation=variant.optimizer,
-        )
-        trainer.scheduler = lambda_linear_schedule(
-            trainer.optimizer, optim.lr_warmup_steps, optim.total_training_steps,
-            min_lr_rate=optim.min_lr_rate,
-        )
-        trainer.ema = PowerEMA(transformer, rate=model_cfg.ema_rate, enabled=model_cfg.ema_enabled)
+        optimization = build_sft_optimization(policy.transformer, cfg, implementation=variant.optimizer)
+        trainer.optimizer, trainer.scheduler = optimization.optimizer, optimization.scheduler
+        trainer.ema = optimization.ema
         trainer.next_batch = itertools.cycle(micro_batches(setup, cfg.actor.micro_batch_size)).__next__
     return trainer
 
@@ -613,6 +595,7 @@ def timed_step(setup: Setup, trainer: Trainer, global_step: int) -> Any:
 def profile_steps(setup: Setup, trainer: Trainer, variant: Variant, first_step: int, steps: int = 3) -> None:
     """``steps`` more steps under ``torch.profiler``: where a step's time goes (self time per op, on the
     GPU and on the CPU, and how busy the GPU was) -> ``<--profile>/<variant>.txt``."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.device.type == "cuda" else [])
@@ -622,7 +605,8 @@ def profile_steps(setup: Setup, trainer: Trainer, variant: Variant, first_step: 
             timed_step(setup, trainer, step)
     wall = time.perf_counter() - t0
     events = prof.key_averages()
-    gpu_us = sum(e.self_device_time_total for e in events) if setup.device.type == "cuda" else 0.0
+    # kernels only: an op's row repeats its kernels' time as its own "self" device time
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type != DeviceType.CPU)
     busy = f"; GPU kernels busy {gpu_us / 1e6:.3f} s ({100 * gpu_us / 1e6 / wall:.0f} % of the wall time)" \
         if setup.device.type == "cuda" else ""
     lines = [f"{variant.name}: {steps} steps in {wall:.3f} s under the profiler{busy}"]
@@ -937,6 +921,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--matmul-size", type=int, help="default 8192 on GPU, 1024 on CPU")
     add("--memory-target-gib", type=float, default=DEFAULT_MEMORY_TARGET_GIB, help="for --layers auto")
     add("--time-budget-s", type=float, default=DEFAULT_TIME_BUDGET_S, help="skip variants not started by then")
+    add("--cpu-threads", type=int, help="torch intra-op threads (default: the recipe's cluster.cpus_per_rank, "
+        "what Ray gives the worker as OMP_NUM_THREADS, at most the host's cores)")
     add("--seed", type=int, default=0)
     add("--profile", type=Path, help="after the timed steps, 3 more under torch.profiler; tables -> DIR/<variant>.txt")
     add("--out", type=Path, help="JSON path (default benchmarks/results/sft_step_<device>_<date>.json)")
@@ -945,8 +931,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.micro_batch = args.micro_batch or (4 if on_gpu else 1)
     args.global_batch = args.global_batch or (32 if on_gpu else 2)
     args.matmul_size = args.matmul_size or (8192 if on_gpu else 1024)
-    if min(args.micro_batch, args.global_batch, args.steps, args.distinct_samples or 1) < 1 or args.warmup < 0:
-        p.error("--micro-batch, --global-batch, --distinct-samples and --steps must be >= 1, --warmup >= 0")
+    counts = [args.micro_batch, args.global_batch, args.steps, args.distinct_samples or 1]
+    if min(counts) < 1 or (args.cpu_threads is not None and args.cpu_threads < 1) or args.warmup < 0:
+        p.error("--micro-batch, --global-batch, --distinct-samples, --cpu-threads and --steps must be >= 1, "
+                "--warmup >= 0")
     try:
         args.variant_list = parse_variants(args.variants, args.micro_batch, args.global_batch)
     except ValueError as err:
@@ -959,10 +947,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def prepare(
     args: argparse.Namespace, device: torch.device, variants: Sequence[Variant], workdir: Path
 ) -> Setup:
-    """Model dir, recipe config, frozen parts, samples, layout, counts, layer count, mesh."""
+    """Model dir, recipe config, frozen parts, samples, layout, counts, layer count, weights."""
     from diffusers import AutoencoderKLWan
-    from torch.distributed.device_mesh import init_device_mesh
 
+    from rlinf_cosmos3.components.sft_trainer import sft_precision
     from rlinf_cosmos3.data.collate import collate_samples
     from rlinf_cosmos3.models.cosmos3 import loading
     from rlinf_cosmos3.models.cosmos3.configuration import policy_config_from_sft, sft_vae_dtype
@@ -972,7 +960,10 @@ def prepare(
     on_gpu = device.type == "cuda"
     model_dir = args.model_dir or write_model_dir(workdir / args.preset, preset=args.preset, seed=args.seed)
     base = recipe_config(model_dir, args.seed, args.trainable)
-    precision = base.actor.model.precision if on_gpu else "fp32"  # as the worker picks it
+    precision = sft_precision(base, device)  # as the worker picks it
+    # As many intra-op threads as the worker's Ray actor gets (OMP_NUM_THREADS = its num_cpus): with one
+    # per core (16 on the H200 host) the step ran 0.31 s instead of 0.14 s in 3 of 4 processes.
+    torch.set_num_threads(args.cpu_threads or max(1, min(int(base.cluster.cpus_per_rank), os.cpu_count() or 1)))
     vae_config = AutoencoderKLWan.load_config(model_dir / "vae")
     vae = random_vae(vae_config, device=device, dtype=sft_vae_dtype(on_gpu), seed=args.seed)
     encoder = Cosmos3Policy(
@@ -996,7 +987,7 @@ def prepare(
     counts = count_model(model_dir, base.actor.model.keys_to_select, vae)
     setup = Setup(
         args=args, device=device, precision=precision, model_dir=model_dir, base_config=base, encoder=encoder,
-        pixels=pixels, cached=cached, layout=layout, counts=counts, mesh=init_device_mesh(device.type, (1,)),
+        pixels=pixels, cached=cached, layout=layout, counts=counts,
         first_encode_s_per_sample=first_encode_s,
     )
     if args.layers in (None, ""):
@@ -1008,6 +999,7 @@ def prepare(
         setup.layers = int(args.layers)
         if setup.layers < 1:
             raise ValueError(f"--layers must be >= 1 or 'auto', got {args.layers}")
+    setup.model_dir = weights_dir(model_dir, setup.layers, workdir, device, args.seed)
     return setup
 
 

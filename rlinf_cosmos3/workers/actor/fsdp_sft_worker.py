@@ -1,8 +1,8 @@
 """One rank of Cosmos3 SFT: FSDP2-sharded policy, AdamW, schedule, EMA, data stream, checkpoints.
 
-Start-up never holds the whole transformer on one device: it is built on the meta device, sharded
-with :func:`parallelize`, then materialised shard by shard while rank 0 streams the weights in
-(``load_to_device: false`` semantics). The frozen VAE is a small per-rank replica.
+The policy, optimizer, schedule and EMA come from :mod:`rlinf_cosmos3.components.sft_trainer` (also
+what the step benchmark builds): the transformer is built on the meta device, sharded, then materialised
+shard by shard while rank 0 streams the weights in. The frozen VAE is a small per-rank replica.
 
 The optimizer step itself is :func:`rlinf_cosmos3.components.train_step.train_step` (also what the
 benchmarks time); its noise depends only on ``(seed, global step, dataset index)``, so resuming, or
@@ -19,27 +19,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.data import Dataset
 
 from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
 from rlinf_cosmos3.cluster import Worker
-from rlinf_cosmos3.components.ema import PowerEMA
-from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule, select_trainable
+from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
 from rlinf_cosmos3.components.train_step import sample_generators, train_step
 from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler
 from rlinf_cosmos3.data.stream import BatchStream
-from rlinf_cosmos3.models.cosmos3.configuration import (
-    policy_config_from_sft,
-    sft_latent_cache_key,
-    sft_vae_dtype,
-)
-from rlinf_cosmos3.models.cosmos3.loading import load_transformer_weights
-from rlinf_cosmos3.models.cosmos3.parallelize import ParallelizeConfig, parallelize, precision_dtype
-from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
 from rlinf_cosmos3.validation.sft import load_sft_config
 
 __all__ = ["FSDPSFTWorker", "sample_generators"]
@@ -59,8 +50,7 @@ class FSDPSFTWorker(Worker):
 
     def setup(self, resume_dir: str | None = None) -> dict[str, Any]:
         """Build data, model, optimizer, schedule and EMA; optionally resume. Returns a summary."""
-        cfg, model_cfg, optim_cfg = self.cfg, self.cfg.actor.model, self.cfg.actor.optim
-        on_gpu = self.device.type == "cuda"
+        cfg = self.cfg
         torch.manual_seed(cfg.runner.seed + self.rank)
 
         self.dataset: Dataset = LiberoLeRobotDataset(cfg.data.dataset)
@@ -70,51 +60,12 @@ class FSDPSFTWorker(Worker):
         self.grad_accum_steps = cfg.actor.global_batch_size // (cfg.actor.micro_batch_size * self.world_size)
         self._stream: BatchStream | None = None
 
-        precision = model_cfg.precision if on_gpu else "fp32"
-        policy_cfg = policy_config_from_sft(cfg, precision=precision)
-        self.policy = Cosmos3Policy.from_pretrained(
-            model_cfg.model_path,
-            policy_cfg,
-            device=self.device,
-            transformer_on_meta=True,
-            vae_dtype=sft_vae_dtype(on_gpu),
-        )
-        # FSDP2 is also what applies mixed precision (bf16 compute over fp32 master weights), so one GPU
-        # gets a one-rank mesh too; only a single fp32 process runs unsharded.
-        mixed = precision_dtype(precision) != torch.float32
-        mesh = init_device_mesh(self.device.type, (self.world_size,)) if self.world_size > 1 or mixed else None
-        parallelize(
-            self.policy,
-            mesh,
-            ParallelizeConfig(
-                precision=precision,
-                activation_checkpointing=model_cfg.activation_checkpointing,
-                reshard_after_forward=model_cfg.reshard_after_forward,
-                compile_blocks=model_cfg.compile_blocks,
-            ),
-        )
+        self.policy, selection = build_sft_policy(cfg, self.device, self.world_size)
         transformer = self.policy.transformer
-        load_transformer_weights(transformer, model_cfg.model_path, device=self.device)
-        transformer.train()
         if cfg.data.latent_cache_dir:
             self.dataset = self._latent_dataset(self.dataset)
-
-        selection = select_trainable(transformer, model_cfg.keys_to_select)
-        self.optimizer = build_optimizer(
-            transformer,
-            optim_cfg.lr,
-            optim_cfg.weight_decay,
-            tuple(optim_cfg.betas),
-            optim_cfg.eps,
-            model_cfg.lr_multipliers,
-        )
-        self.scheduler = lambda_linear_schedule(
-            self.optimizer,
-            optim_cfg.lr_warmup_steps,
-            optim_cfg.total_training_steps,
-            min_lr_rate=optim_cfg.min_lr_rate,
-        )
-        self.ema = PowerEMA(transformer, rate=model_cfg.ema_rate, enabled=model_cfg.ema_enabled)
+        optimization = build_sft_optimization(transformer, cfg)
+        self.optimizer, self.scheduler, self.ema = optimization.optimizer, optimization.scheduler, optimization.ema
 
         if resume_dir:
             state = load_checkpoint(resume_dir, transformer, self.optimizer, self.scheduler, self.ema)
