@@ -331,3 +331,26 @@ def test_clean_labels_keep_the_noisy_trajectory_and_drop_the_noise(tmp_path, per
     assert diff.max() <= 5 * noise and diff[noisy].mean() > noise / 4, diff  # the labels lack the noise
     assert (diff[noisy].max(axis=1) > 0).all() and not diff[~noisy].any(), diff  # ... where it was added
     np.testing.assert_array_equal(actions_e[:, 6], actions_c[:, 6])
+
+
+@pytest.mark.slow
+def test_place_jitter_repeats_record_distinct_successful_demonstrations(tmp_path) -> None:
+    """``--place-jitter 0.03 --repeats 2`` on one init state: two episodes of that state (``repeat`` 0 and 1 in
+    meta/episodes), both solved by the simulator's check, identical up to the carry (the jitter is drawn for
+    the carry waypoint only) and different afterwards: the object is carried to two different points beside
+    the plate and lowered onto it from there."""
+    from rlinf_cosmos3.actions import read_lerobot_episode_actions
+
+    out = tmp_path / "jitter"
+    rc = cli.main(["--suite", "libero_spatial", "--task-ids", "0", "--init-states", "0,", "--place-jitter", "0.03",
+                   "--repeats", "2", "--num-envs", "2", "--camera-storage", "image", "--out", str(out),
+                   "--no-progress"])
+    assert rc == 0
+    dataset = LeRobotDataset("local/jitter", root=out)
+    episodes = dataset.meta.episodes
+    assert list(episodes["init_state_id"]) == [0, 0] and sorted(episodes["repeat"]) == [0, 1]
+    assert list(episodes["success"]) == [True, True]
+    a, b = read_lerobot_episode_actions(out).episodes[:2]
+    first_diff = int(np.flatnonzero(np.abs(a[: min(len(a), len(b))] - b[: min(len(a), len(b))]).max(axis=1) > 1e-6)[0])
+    grip_closed = int(np.flatnonzero(a[:, 6] == 0.0)[0])  # the stored gripper: 0 = closed
+    assert first_diff > grip_closed + 10  # the same approach, grasp and lift

@@ -44,6 +44,7 @@ EPISODE_FIELDS: dict[str, pa.DataType] = {
     "task_id": pa.int64(),
     "init_state_id": pa.int64(),
     "num_settle_steps": pa.int64(),  # unrecorded no-op steps before frame 0
+    "repeat": pa.int64(),  # which recording of this task and init state (0-based; record_demos --repeats)
 }
 
 
@@ -79,6 +80,7 @@ class EpisodeRecord:
     task_id: int
     init_state_id: int
     num_settle_steps: int
+    repeat: int = 0
 
 
 class DemoDatasetWriter:

@@ -55,6 +55,7 @@ class RecordedEpisodeResult:
 class _Episode:
     task_id: int
     init_state_id: int
+    repeat: int = 0
     task: str = ""
     policy: ScriptedPickPlace | None = None
     obs: Reply | None = None
@@ -75,9 +76,16 @@ class _RecorderSlot:
         self.episode: _Episode | None = None
 
 
-def expand_jobs(task_ids: Sequence[int], init_state_ids: Sequence[int]) -> list[tuple[int, int]]:
-    """All (task, init state) pairs, task-major so each process rebuilds its env rarely."""
-    return [(t, i) for t in task_ids for i in init_state_ids]
+def expand_jobs(
+    task_ids: Sequence[int], init_state_ids: Sequence[int], repeats: int = 1
+) -> list[tuple[int, int, int]]:
+    """All (task, init state, repeat) triples, task-major so each process rebuilds its env rarely."""
+    return [(t, i, r) for t in task_ids for i in init_state_ids for r in range(repeats)]
+
+
+def episode_seed(seed: int, task_id: int, init_state_id: int, repeat: int) -> int:
+    """The scripted policy's seed for one episode (repeat 0: the seed recordings always had)."""
+    return seed * 100003 + task_id * 1009 + init_state_id + repeat * 10_000_019
 
 
 class DemoRecorder:
@@ -123,8 +131,8 @@ class DemoRecorder:
             return False
         if cmd in ("reset", "settle"):  # settled: the scripted policy starts from this observation
             try:
-                ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy,
-                                              seed=self.cfg.seed * 100003 + ep.task_id * 1009 + ep.init_state_id)
+                seed = episode_seed(self.cfg.seed, ep.task_id, ep.init_state_id, ep.repeat)
+                ep.policy = ScriptedPickPlace(reply["goal"], self.cfg.policy, seed=seed)
             except UnsupportedTaskError as exc:
                 ep.skipped = self.unsupported[ep.task_id] = str(exc)
                 return True
@@ -134,9 +142,9 @@ class DemoRecorder:
         assert ep.policy is not None
         return ep.policy.done or len(ep.frames) >= self.max_steps or bool(reply["done"])
 
-    def _start(self, slot: _RecorderSlot, job: tuple[int, int]) -> None:
-        task_id, init_id = job
-        slot.episode = _Episode(task_id=task_id, init_state_id=init_id)
+    def _start(self, slot: _RecorderSlot, job: tuple[int, int, int]) -> None:
+        task_id, init_id, repeat = job
+        slot.episode = _Episode(task_id=task_id, init_state_id=init_id, repeat=repeat)
         slot.sim.begin(self.cfg.suite, task_id, init_id)
         if slot.sim.built == (self.cfg.suite, task_id):  # no make: the process holds this task
             slot.episode.task = slot.task
@@ -158,14 +166,16 @@ class DemoRecorder:
                 self.writer.add_frame(main, wrist, state, command, ep.task)
             index = self.writer.save_episode(EpisodeRecord(
                 success=ep.success, success_once=ep.success_once, suite=self.cfg.suite,
-                task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps))
+                task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps,
+                repeat=ep.repeat))
         assert ep.policy is not None
         result = RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
                                success=ep.success, success_once=ep.success_once, num_steps=len(ep.frames),
                                seconds=time.monotonic() - ep.started, regrasps=ep.policy.regrasps,
                                episode_index=index)
-        logger.info("%s task %d init %d: %s (once %s) in %d steps, %.1fs, regrasps %d, %s",
-                    self.cfg.suite, ep.task_id, ep.init_state_id, "success" if ep.success else "FAILURE",
+        logger.info("%s task %d init %d%s: %s (once %s) in %d steps, %.1fs, regrasps %d, %s",
+                    self.cfg.suite, ep.task_id, ep.init_state_id,
+                    f" repeat {ep.repeat}" if self.cfg.repeats > 1 else "", "success" if ep.success else "FAILURE",
                     ep.success_once, result.num_steps, result.seconds, result.regrasps,
                     f"kept as episode {index}" if keep else "dropped")
         return result
@@ -173,18 +183,19 @@ class DemoRecorder:
     # ------------------------------------------------------------------ main loop
     def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[RecordedEpisodeResult]:
         """Record every job on ``procs`` (lockstep); ``progress`` is an optional tqdm bar."""
-        jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids)[::-1]
+        jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids, self.cfg.repeats)[::-1]
         slots = [_RecorderSlot(p, self.cfg.num_settle_steps) for p in procs]
         while True:
             for slot in slots:
                 while slot.episode is None and jobs:
-                    task_id, init_id = jobs.pop()
+                    task_id, init_id, repeat = job = jobs.pop()
                     if task_id in self.unsupported:
-                        self._record(self._skip(_Episode(task_id, init_id, task=self.task_text.get(task_id, ""),
+                        self._record(self._skip(_Episode(task_id, init_id, repeat,
+                                                          task=self.task_text.get(task_id, ""),
                                                           skipped=self.unsupported[task_id])),
                                      progress)
                     else:
-                        self._start(slot, (task_id, init_id))
+                        self._start(slot, job)
             active = [s for s in slots if s.episode is not None]
             if not active:
                 return self.results
@@ -243,7 +254,7 @@ def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[Recorded
     # Every input, before the writer creates the output and before a simulator starts: a bad one
     # leaves no partial dataset that the corrected run would refuse as a non-empty out.
     check_record_config(cfg, CAMERA_STORAGES)
-    jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids)
+    jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids, cfg.repeats)
     writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size,
                                use_videos=cfg.camera_storage == "video")
     procs: list[LiberoSimProcess] = []

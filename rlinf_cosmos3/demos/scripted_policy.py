@@ -98,6 +98,11 @@ class ScriptedPolicyConfig:
     noise_burst: int = 1
     """Commands per burst that get ``noise_std``. With action chunks a label answers only what the chunk's
     first frame shows; rare bursts leave most chunks free of perturbations they cannot see coming."""
+    place_jitter: float = 0.0
+    """Metres. Carry the object to a point drawn uniformly within this radius of the place point (once per
+    plan), then lower diagonally onto the place point: demonstrations that show the object held beside
+    its target and how to get over and down onto it - states a policy reaches when it is a little off,
+    which straight-down demonstrations never show. Every command stays the scripted controller's own."""
 
 
 def _down_rotation(yaw: float) -> np.ndarray:
@@ -214,7 +219,15 @@ class ScriptedPickPlace:
             "grip_above_bottom": float(grasp[2] - lo[2]),
             "target_xy": target_xy,
             "support_top": support_top,
+            "carry_offset_xy": self._disc_point(self.cfg.place_jitter),
         }
+
+    def _disc_point(self, radius: float) -> np.ndarray:
+        """A point drawn uniformly from the disc of ``radius`` (no draw at 0: noise-only runs stay as before)."""
+        if radius <= 0:
+            return np.zeros(2)
+        r, theta = radius * np.sqrt(self.rng.uniform()), self.rng.uniform(0.0, 2 * np.pi)
+        return np.array([r * np.cos(theta), r * np.sin(theta)])
 
     # ------------------------------------------------------------------ control
     def _servo(self, priv: dict[str, Any], target: np.ndarray, gripper: float) -> np.ndarray:
@@ -291,7 +304,8 @@ class ScriptedPickPlace:
             return self._servo(priv, lift_to, GRIPPER_CLOSE)
         place_xy = plan["target_xy"] + plan.get("grip_offset_xy", np.zeros(2))
         if self.phase is ScriptPhase.CARRY:
-            carry_to = np.array([place_xy[0], place_xy[1], plan["carry_z"]])
+            carry_xy = place_xy + plan["carry_offset_xy"]
+            carry_to = np.array([carry_xy[0], carry_xy[1], plan["carry_z"]])
             if obj_pose[2] - plan["obj_start_z"] < 0.01:
                 return self._regrasp(priv, "object dropped while carrying")
             if self._reached(priv, carry_to, cfg.reach_tol * 1.5) or self.phase_steps > cfg.phase_timeout * 2:
