@@ -537,6 +537,7 @@ def weights_dir(model_dir: Path, layers: int, workdir: Path, device: torch.devic
     (out / "transformer" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     t0 = time.perf_counter()
     write_random_weights(out, device=device, seed=seed)
+    free_memory(device)  # the whole model was on the device once: give its blocks back before measuring
     logger.info("random weights of %d layers written to %s in %.1f s", layers, out, time.perf_counter() - t0)
     return out
 
