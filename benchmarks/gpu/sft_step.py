@@ -395,7 +395,7 @@ class Setup:
     model_dir: Path
     base_config: Any
     encoder: Any
-    """A policy over a one-layer meta transformer: the frozen VAE/tokenizer side, for encoding."""
+    """A policy over a meta transformer: the frozen VAE/tokenizer side, for encoding."""
     pixels: list[dict[str, Any]]
     cached: list[dict[str, Any]]
     layout: Layout
@@ -480,28 +480,18 @@ def micro_batches(setup: Setup, micro_batch: int, *, pixels: bool | None = None)
     ]
 
 
-def meta_transformer(model_dir: Path, layers: int) -> torch.nn.Module:
-    """``loading.build_transformer_on_meta`` with the directory's config cut to ``layers`` decoder layers."""
-    from accelerate import init_empty_weights
-    from diffusers import Cosmos3OmniTransformer
-
-    config = Cosmos3OmniTransformer.load_config(model_dir / "transformer")
-    config["num_hidden_layers"] = layers
-    with init_empty_weights(include_buffers=False):
-        return Cosmos3OmniTransformer.from_config(config)
-
-
 def count_model(model_dir: Path, keys_to_select: list[str] | None, vae: torch.nn.Module) -> ModelCounts:
-    """Per-layer and root parameter counts of the real config, from a one-layer meta build."""
+    """Per-layer and root parameter counts of the real config, from its meta build (no memory)."""
     from diffusers import Cosmos3OmniTransformer
 
     from rlinf_cosmos3.components.optim import select_trainable
+    from rlinf_cosmos3.models.cosmos3.loading import build_transformer_on_meta
 
-    model = meta_transformer(model_dir, 1)
+    model = build_transformer_on_meta(model_dir)
     select_trainable(model, keys_to_select)
     layer = list(model.layers[0].parameters())
-    layer_ids = {id(p) for p in layer}
-    root = [p for p in model.parameters() if id(p) not in layer_ids]
+    in_layers = {id(p) for block in model.layers for p in block.parameters()}
+    root = [p for p in model.parameters() if id(p) not in in_layers]
     config = Cosmos3OmniTransformer.load_config(model_dir / "transformer")
     return ModelCounts(
         layer_params=sum(p.numel() for p in layer),
@@ -968,7 +958,8 @@ def prepare(
     vae_config = AutoencoderKLWan.load_config(model_dir / "vae")
     vae = random_vae(vae_config, device=device, dtype=sft_vae_dtype(on_gpu), seed=args.seed)
     encoder = Cosmos3Policy(
-        meta_transformer(model_dir, 1), vae, loading.load_tokenizer(model_dir), loading.load_scheduler(model_dir),
+        loading.build_transformer_on_meta(model_dir), vae, loading.load_tokenizer(model_dir),
+        loading.load_scheduler(model_dir),
         policy_config_from_sft(base, precision=precision),
     )
     pixels = synthetic_samples(args.distinct_samples, base, args.seed)
