@@ -13,7 +13,8 @@
 #            (default: the held-out ones) again with each seed of $LP_EXTRA_SEEDS
 #   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
-#            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4
+#            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4;
+#            toolkits/eval/episode_sheet.py: every failure of those evals, a row of frames each -> $WORK/failures.jpg
 #
 #   bash benchmarks/gpu/learning_proof.sh WORK [PHASES]     # PHASES: comma list (default: all of the above)
 #
@@ -135,15 +136,25 @@ fi
 if phase report; then
   groups=()
   latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::'; }  # newest run directory under a logs dir
+  eval_runs=()
   first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
   if [ -n "$first" ]; then
     groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
+    eval_runs+=("$first")
   fi
   for seed in $EXTRA_SEEDS; do  # each group takes the states of its own kind that the run evaluated
     run=$(latest "$LOGS/eval_extra_seed$seed$SUFFIX")
-    [ -n "$run" ] && groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
+    if [ -n "$run" ]; then
+      groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
+      eval_runs+=("$run")
+    fi
   done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
+  # every failure of every eval run above, a row of frames each (where the policy goes wrong, at a glance)
+  if [ ${#eval_runs[@]} -gt 0 ]; then
+    "$PY" toolkits/eval/episode_sheet.py "${eval_runs[@]}" --select failures --out "$WORK/failures$SUFFIX.jpg" \
+      || say "no failure sheet (no failed episode with a video)"
+  fi
   # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
   [ -n "$first" ] && "$PY" - "$first" "$WORK" "$SUFFIX" <<'EOF'
 import json

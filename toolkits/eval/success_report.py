@@ -7,6 +7,8 @@
 Each ``--group NAME RUN[:INIT_STATES]`` adds the episodes of an eval run directory (its
 ``results.jsonl``), optionally only those whose init state (trial id) is listed; a name given several
 times pools its runs (e.g. the same held-out states under other policy seeds). Prints a table per group.
+Each source also lists its failed init states per task (``success_once`` false; an episode with an
+error is a failure), so which states fail under every seed reads off the JSON.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     except ValueError as err:
         raise ValueError(f"--group {spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
     rows = read_results(run, wanted)
+    failed: dict[str, list[int]] = {}
+    for row in rows:
+        if not row["success_once"]:
+            failed.setdefault(str(row["task_id"]), []).append(int(row["trial_id"]))
     return rows, {"run": str(Path(run).resolve()), "init_states": sorted(wanted) if wanted else "all",
-                  "episodes": len(rows)}
+                  "episodes": len(rows), "failed_init_states": {t: sorted(ids) for t, ids in sorted(failed.items(), key=lambda kv: int(kv[0]))}}
 
 
 def report(groups: list[tuple[str, str]]) -> dict[str, Any]:
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             low, high = rate["ci95"]
             print(f"  task {task}: success_once {rate['rate']:6.1%} [{low:5.1%}, {high:5.1%}] "
                   f"({rate['successes']}/{rate['trials']})")
+        for source in entry["sources"]:
+            for task, ids in source["failed_init_states"].items():
+                print(f"  failed, task {task}, {Path(source['run']).name}: {ids}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
