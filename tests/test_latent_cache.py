@@ -23,7 +23,9 @@ from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_act
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset, collate_samples
 from rlinf_cosmos3.data import latent_cache as lc
+from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasSamples
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+from rlinf_cosmos3.models.cosmos3.processor import CANVAS_KEY
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 
 pytestmark = [pytest.mark.libero]
@@ -117,6 +119,33 @@ def test_loss_from_cached_latents_equals_loss_from_pixels(inputs, policy, built)
     from_pixels, _ = policy.sft_loss(collate_samples([reader[i] for i in rows]), gens())
     from_cache, _ = policy.sft_loss(collate_samples([cached[i] for i in rows]), gens())
     torch.testing.assert_close(from_cache, from_pixels, rtol=1e-5, atol=1e-6)
+
+
+def test_canvases_composed_by_the_loaders_workers_are_the_processors(inputs, policy) -> None:
+    """What the SFT worker reads (CanvasSamples through DataLoader worker processes) gives the canvases,
+    latents and loss the processor gives from the two camera views, exactly."""
+    from torch.utils.data import DataLoader, Subset
+
+    reader, rows = LiberoLeRobotDataset(_data_cfg(inputs)), [0, 7, FRAMES - 1]
+    cfg = policy.cfg
+    loader = DataLoader(Subset(CanvasSamples(reader, cfg), rows), batch_size=len(rows), num_workers=2,
+                        collate_fn=collate_samples)
+    (batch,) = list(loader)
+    views = collate_samples([reader[i] for i in rows])
+    assert cfg.main_image_key not in batch and cfg.wrist_image_key not in batch
+    assert batch[CANVAS_KEY].shape == (len(rows), cfg.num_frames, 3, cfg.canvas_height, cfg.canvas_width)
+    assert batch[CANVAS_KEY].nbytes < 0.5 * (views[cfg.main_image_key].nbytes + views[cfg.wrist_image_key].nbytes)
+    assert torch.equal(batch[CANVAS_KEY], policy.processor.canvases(views))
+    for key in set(views) - {cfg.main_image_key, cfg.wrist_image_key}:
+        assert key in batch and (batch[key] == views[key] if isinstance(views[key], list)
+                                 else torch.equal(batch[key], views[key])), key
+    for got, want in zip(policy.processor.encode_pixels(batch), policy.processor.encode_pixels(views), strict=True):
+        assert torch.equal(got, want)
+    gens = lambda: [torch.Generator().manual_seed(5 + i) for i in rows]  # noqa: E731
+    torch.testing.assert_close(policy.sft_loss(batch, gens())[0], policy.sft_loss(views, gens())[0], rtol=0, atol=0)
+    other = {**batch, CANVAS_KEY: batch[CANVAS_KEY][..., :160, :]}
+    with pytest.raises(ValueError, match="composed for another canvas"):
+        policy.processor.encode_pixels(other)
 
 
 def test_the_cache_is_checked_against_what_it_was_made_from(inputs, built) -> None:

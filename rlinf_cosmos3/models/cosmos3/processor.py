@@ -27,6 +27,9 @@ from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 LATENT_KEY = "x0_vision"
 """Batch key of precomputed VAE latents (``[B, C, T_latent, h, w]``): the batch skips the VAE."""
 LATENT_VALID_KEY = "vision_frame_valid"
+CANVAS_KEY = "canvas"
+"""Batch key of already composed canvases (uint8 ``[B, T, 3, H, W]``, :class:`~rlinf_cosmos3.models.cosmos3.
+canvas_samples.CanvasSamples`): the batch carries them instead of the two camera views."""
 IDLE_FRAMES_KEY = "idle_frames"
 _PARAPHRASE_SALT = 0x5EED_CA97
 """Mixed into a sample generator's seed for its paraphrase draw, which so never consumes that generator."""
@@ -210,8 +213,15 @@ class PolicyProcessor:
         return latents, torch.stack([latent_frame_valid(p, temporal) for p in pad])
 
     def canvases(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """The batch's ``[main | wrist]`` canvases, uint8 ``[B, T, 3, H, W]``."""
+        """The batch's ``[main | wrist]`` canvases, uint8 ``[B, T, 3, H, W]`` (composed by the loader's
+        workers when the batch has them, else here)."""
         cfg = self.cfg
+        if CANVAS_KEY in batch:
+            canvases = batch[CANVAS_KEY]
+            if canvases.ndim != 5 or tuple(canvases.shape[2:]) != (3, cfg.canvas_height, cfg.canvas_width):
+                raise ValueError(f"batch canvases {tuple(canvases.shape)} != [B, T, 3, {cfg.canvas_height}, "
+                                 f"{cfg.canvas_width}] (composed for another canvas?)")
+            return canvases
         return compose_observation(batch[cfg.main_image_key], batch[cfg.wrist_image_key],
                                    height=cfg.canvas_height, width=cfg.canvas_width)
 
@@ -236,10 +246,14 @@ class PolicyProcessor:
         if cached:
             sizes = {"latents": batch[LATENT_KEY].shape[0]}
         else:
-            main, wrist = batch[cfg.main_image_key], batch[cfg.wrist_image_key]
-            sizes = {"main": main.shape[0], "wrist": wrist.shape[0]}
-            if main.shape[1] != cfg.num_frames:
-                raise ValueError(f"batch has {main.shape[1]} frames per sample, the policy needs {cfg.num_frames}")
+            if CANVAS_KEY in batch:
+                views = {"canvases": batch[CANVAS_KEY]}
+            else:
+                views = {"main": batch[cfg.main_image_key], "wrist": batch[cfg.wrist_image_key]}
+            sizes = {name: v.shape[0] for name, v in views.items()}
+            frames = next(iter(views.values())).shape[1]
+            if frames != cfg.num_frames:
+                raise ValueError(f"batch has {frames} frames per sample, the policy needs {cfg.num_frames}")
         sizes.update({"action chunks": actions.shape[0], "prompts": len(prompts)})
         if len(set(sizes.values())) != 1:
             raise ValueError("batch sizes differ: " + ", ".join(f"{v} {k}" for k, v in sizes.items()))

@@ -1,0 +1,153 @@
+"""How fast the SFT latent cache is built, and where the time goes.
+
+    PYTHONPATH=$PWD python benchmarks/latent_cache_build.py --data data/small4 --stats data/small4_stats.json \\
+        --model /tmp/cosmos3_small --device cuda --samples 200 --workers 0,8 --vae-batch 8,32 --out build.json
+
+The learning proof spends ~220 s of its 462 s training phase building the cache of 5,864 samples
+(~27 samples/s on an H200 host); this splits that rate into its parts, each measured with the
+library's own functions in one process (torch intra-op threads = ``--cpu-threads``, 8 = the recipe's
+``cluster.cpus_per_rank``, as Ray gives the SFT worker):
+
+- ``reader``: the training reader (``LiberoLeRobotDataset``, video decoding) through a DataLoader of
+  ``--workers`` processes, batches of 8, ``collate_samples`` - samples/s with nothing else running;
+- ``canvas``: ``PolicyProcessor.canvases`` (the [main | wrist] composition, bicubic antialiased) on
+  one batch, in this process - ms per sample;
+- ``vae``: ``PolicyProcessor.encode_canvases`` (the frozen VAE through the diffusers pipeline's
+  helpers) per ``--vae-batch`` - ms per sample, synchronised;
+- ``build``: ``latent_cache.build_cache`` with ``PolicyProcessor.encode_pixels`` (what the worker
+  passes), for every (workers, VAE batch) pair - samples/s end to end, the cache deleted after -
+  twice: the canvas composed in this process from the reader's views (``canvas_here``, before), and
+  by the loader's workers through ``CanvasSamples`` (``canvas_in_workers``, what the SFT worker does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset, latent_cache
+from rlinf_cosmos3.data.collate import collate_samples
+from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasSamples
+from rlinf_cosmos3.models.cosmos3.configuration import sft_vae_dtype
+from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
+from rlinf_cosmos3.models.cosmos3.processor import PolicyProcessor
+
+READER_BATCH = 8
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reader_rate(reader: Any, samples: int, workers: int) -> float:
+    """Samples/s of the reader alone through a DataLoader (the first batch, the workers' start, untimed)."""
+    loader = DataLoader(Subset(reader, range(samples)), batch_size=READER_BATCH, num_workers=workers,
+                        collate_fn=collate_samples)
+    it = iter(loader)
+    first = next(it)
+    t0, n = time.perf_counter(), 0
+    for batch in it:
+        n += len(batch["prompt"])
+    elapsed = time.perf_counter() - t0
+    del first
+    return n / elapsed if n else float("nan")
+
+
+def processor_with(policy: Cosmos3Policy, vae_batch: int) -> PolicyProcessor:
+    """The policy's processor with another ``vae_batch_size`` (the same pipeline and settings)."""
+    cfg = dataclasses.replace(policy.cfg, vae_batch_size=vae_batch)
+    return PolicyProcessor(policy.pipeline, cfg, policy.domain.raw_action_dim)
+
+
+def timed(fn: Any, device: torch.device, repeats: int = 3) -> float:
+    """Median seconds of ``fn()`` after one warm-up call."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def build_rate(source: Any, processor: PolicyProcessor, samples: int, workers: int, work: Path) -> float:
+    """Samples/s of ``latent_cache.build_cache`` over the first ``samples`` samples (the cache then deleted)."""
+    cache = work / f"cache_w{workers}_b{processor.cfg.vae_batch_size}"
+    t0 = time.perf_counter()
+    latent_cache.build_cache(Subset(source, range(samples)), processor.encode_pixels, cache, {"benchmark": 1},
+                             batch_size=processor.cfg.vae_batch_size, num_workers=workers)
+    elapsed = time.perf_counter() - t0
+    shutil.rmtree(cache)
+    return samples / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="a LeRobot v3 dataset (record_demos.py)")
+    parser.add_argument("--stats", required=True, help="its action stats (compute_action_stats.py)")
+    parser.add_argument("--model", required=True, help="a Cosmos3 diffusers directory (make_tiny_model.py)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--workers", type=_ints, default=[0, 8], help="DataLoader workers to try, e.g. 0,8")
+    parser.add_argument("--vae-batch", type=_ints, default=[8, 32], help="vae_batch_size values, e.g. 8,32")
+    parser.add_argument("--cpu-threads", type=int, default=8, help="torch intra-op threads (the worker's 8)")
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, min(args.cpu_threads, os.cpu_count() or 1)))
+    device = torch.device(args.device)
+    reader = LiberoLeRobotDataset(LiberoDataConfig(root=args.data, stats_path=args.stats, complete_chunks_only=False))
+    samples = min(args.samples, len(reader))
+    policy = Cosmos3Policy.from_pretrained(args.model, device=device, vae_dtype=sft_vae_dtype(device.type == "cuda"))
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+                           "host_cores": os.cpu_count(), "cpu_threads": torch.get_num_threads(), "samples": samples,
+                           "vae_dtype": str(policy.vae.dtype), "reader": {}, "canvas": {}, "vae": {}, "build": {}}
+
+    for workers in args.workers:
+        doc["reader"][f"workers_{workers}"] = rate = reader_rate(reader, samples, workers)
+        print(f"reader, {workers} workers: {rate:.1f} samples/s", flush=True)
+    batch = collate_samples([reader[i] for i in range(max(args.vae_batch))])
+    for size in args.vae_batch:
+        processor = processor_with(policy, size)
+        part = {k: (v[:size] if hasattr(v, "__getitem__") else v) for k, v in batch.items()}
+        canvases = processor.canvases(part)
+        doc["canvas"][f"batch_{size}"] = ms = 1000 * timed(lambda p=processor, b=part: p.canvases(b), device) / size
+        print(f"canvas, batch {size}: {ms:.1f} ms/sample", flush=True)
+        on_device = canvases.to(device)
+        doc["vae"][f"batch_{size}"] = ms = 1000 * timed(lambda p=processor, c=on_device: p.encode_canvases(c),
+                                                        device) / size
+        print(f"vae, batch {size}: {ms:.1f} ms/sample", flush=True)
+    sources = {"canvas_here": reader, "canvas_in_workers": CanvasSamples(reader, policy.cfg)}
+    with tempfile.TemporaryDirectory(prefix="latent_cache_bench_") as work:
+        for workers in args.workers:
+            for size in args.vae_batch:
+                for name, source in sources.items():  # side by side, alternating
+                    rate = build_rate(source, processor_with(policy, size), samples, workers, Path(work))
+                    doc["build"][f"{name}_workers_{workers}_vae_batch_{size}"] = rate
+                    print(f"build, {name}, {workers} workers, VAE batch {size}: {rate:.1f} samples/s", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
