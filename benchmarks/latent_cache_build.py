@@ -56,17 +56,17 @@ def _sync(device: torch.device) -> None:
 
 
 def reader_rate(reader: Any, samples: int, workers: int) -> float:
-    """Samples/s of the reader alone through a DataLoader (the first batch, the workers' start, untimed)."""
+    """Samples/s of the reader alone through a DataLoader, counted from the first batch's arrival (the
+    workers' start excluded) when there is more than one batch."""
     loader = DataLoader(Subset(reader, range(samples)), batch_size=READER_BATCH, num_workers=workers,
                         collate_fn=collate_samples)
-    it = iter(loader)
-    first = next(it)
-    t0, n = time.perf_counter(), 0
-    for batch in it:
-        n += len(batch["prompt"])
-    elapsed = time.perf_counter() - t0
-    del first
-    return n / elapsed if n else float("nan")
+    t0 = time.perf_counter()
+    arrivals = []
+    for batch in loader:
+        arrivals.append((time.perf_counter(), len(batch["prompt"])))
+    if len(arrivals) > 1:
+        return sum(n for _, n in arrivals[1:]) / (arrivals[-1][0] - arrivals[0][0])
+    return arrivals[0][1] / (arrivals[0][0] - t0)
 
 
 def processor_with(policy: Cosmos3Policy, vae_batch: int) -> PolicyProcessor:
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = LiberoLeRobotDataset(LiberoDataConfig(root=args.data, stats_path=args.stats, complete_chunks_only=False))
     samples = min(args.samples, len(reader))
     policy = Cosmos3Policy.from_pretrained(args.model, device=device, vae_dtype=sft_vae_dtype(device.type == "cuda"))
-    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
                            "host_cores": os.cpu_count(), "cpu_threads": torch.get_num_threads(), "samples": samples,
                            "vae_dtype": str(policy.vae.dtype), "reader": {}, "canvas": {}, "vae": {}, "build": {}}
 
