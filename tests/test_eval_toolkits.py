@@ -68,8 +68,8 @@ def test_episode_sheet_draws_the_selected_episodes_a_row_each(tmp_path, capsys) 
     red = _video(run / "videos" / "t0_i0.mp4", (220, 30, 30), 12)       # a success
     green = _video(run / "videos" / "t0_i1.mp4", (30, 200, 30), 25)     # a failure: frames 0, 10, 20, 24
     blue = _video(tmp_path / "elsewhere" / "t0_i2.mp4", (30, 30, 220), 7)  # a failure stored outside the run
-    _run(run, [_row(0, True, 12, str(Path(red).relative_to(run))), _row(1, False, 25, "videos/t0_i1.mp4"),
-               _row(2, False, 7, blue), _row(3, False, 220, None)])
+    _run(run, [_row(2, False, 7, blue), _row(0, True, 12, str(Path(red).relative_to(run))),
+               _row(1, False, 25, "videos/t0_i1.mp4"), _row(3, False, 220, None)])  # in the order episodes ended
     sheet = _cli("toolkits/eval/episode_sheet.py")
     out = tmp_path / "sheet.png"
     assert sheet.main([str(run), "--every", "10", "--frame-height", "32", "--out", str(out)]) == 0
@@ -81,7 +81,7 @@ def test_episode_sheet_draws_the_selected_episodes_a_row_each(tmp_path, capsys) 
     def colour_at(row: int, column: int) -> np.ndarray:
         return image[row * row_h + 16, label_w + column * (frame_w + 2) + 16]
 
-    assert all(np.abs(colour_at(0, c) - (30, 200, 30)).max() < 40 for c in range(4))  # the failure of init state 1
+    assert all(np.abs(colour_at(0, c) - (30, 200, 30)).max() < 40 for c in range(4))  # init state 1 first
     assert np.abs(colour_at(1, 0) - (30, 30, 220)).max() < 40 and np.abs(colour_at(1, 1) - (30, 30, 220)).max() < 40
     assert (colour_at(1, 2) == 255).all()  # init state 2 has 7 steps: frames 0 and 6 only
     assert not (np.abs(image - (220, 30, 30)).max(axis=-1) < 40).any()  # the success is not drawn

@@ -6,8 +6,8 @@
 Why: a researcher asking *where* a policy fails wants to see every failure at a glance, not open 20
 mp4s one by one (and from a GPU machine only a few files come back). Each row is labelled with the
 run, task, init state, outcome and length; its frames are the eval videos' own (the policy's main and
-wrist views side by side), at steps 0, N, 2N, ... and the episode's last step. Episodes come in the
-runs' ``results.jsonl`` order; those without a video (``env.eval.save_video`` was ``none``, or
+wrist views side by side), at steps 0, N, 2N, ... and the episode's last step. Rows go run by run,
+by task and init state within a run; episodes without a video (``env.eval.save_video`` was ``none``, or
 ``failures`` for a success) are counted and left out.
 """
 
@@ -43,7 +43,8 @@ def select_episodes(runs: list[str], select: str, init_states: set[int] | None) 
     episodes, without_video = [], 0
     for run in runs:
         run_dir = Path(run)
-        for row in read_results(run_dir, init_states):
+        rows = sorted(read_results(run_dir, init_states), key=lambda r: (int(r["task_id"]), int(r["trial_id"])))
+        for row in rows:
             success = bool(row["success_once"])
             if (select == "failures" and success) or (select == "successes" and not success):
                 continue
