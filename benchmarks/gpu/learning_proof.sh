@@ -157,20 +157,20 @@ if phase report; then
   fi
   # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
   [ -n "$first" ] && "$PY" - "$first" "$WORK" "$SUFFIX" <<'EOF'
-import json
 import shutil
 import sys
 from pathlib import Path
 
+from rlinf_cosmos3.tracking.results_file import episode_video, read_results
+
 run, work, suffix = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+rows = read_results(run)
 for name, want in (("success", True), ("failure", False)):
-    row = next((r for r in rows if r["success_once"] is want and r.get("video")), None)
+    row = next((r for r in rows if r["success_once"] is want and episode_video(run, r)), None)
     if row is None:
         print(f"[learning_proof] no {name} video in {run}")
         continue
-    src = Path(row["video"]) if Path(row["video"]).is_absolute() else run / row["video"]
-    dst = shutil.copyfile(src, work / f"{name}{suffix}.mp4")
+    dst = shutil.copyfile(episode_video(run, row), work / f"{name}{suffix}.mp4")
     print(f"[learning_proof] {name} video: init state {row['trial_id']}, {row['steps']} steps, "
           f"{Path(dst).stat().st_size / 2**20:.2f} MiB -> {dst}")
 EOF

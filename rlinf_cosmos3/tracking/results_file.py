@@ -56,6 +56,15 @@ def read_results(run_dir: str | Path, init_states: Iterable[int] | None = None, 
     return rows
 
 
+def episode_video(run_dir: str | Path, row: dict[str, Any]) -> Path | None:
+    """The mp4 of a results row (its ``video`` is relative to the run directory, or absolute when the
+    videos were written outside it), None when the eval wrote none for that episode."""
+    video = row.get("video")
+    if not video:
+        return None
+    return Path(video) if Path(video).is_absolute() else Path(run_dir) / video
+
+
 def _is_json(line: str) -> bool:
     try:
         json.loads(line)

@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from rlinf_cosmos3.id_lists import parse_id_list
-from rlinf_cosmos3.tracking.results_file import read_results
+from rlinf_cosmos3.tracking.results_file import episode_video, read_results
 
 SELECTIONS = ("failures", "successes", "all")
 LABEL_WIDTH = 210
@@ -48,10 +48,10 @@ def select_episodes(runs: list[str], select: str, init_states: set[int] | None) 
             success = bool(row["success_once"])
             if (select == "failures" and success) or (select == "successes" and not success):
                 continue
-            if not row.get("video"):
+            video = episode_video(run_dir, row)
+            if video is None:
                 without_video += 1
                 continue
-            video = Path(row["video"]) if Path(row["video"]).is_absolute() else run_dir / row["video"]
             outcome = "success" if success else ("error" if row.get("error") else "failure")
             episodes.append(Episode(video, f"{run_dir.name[:26]}\ntask {row['task_id']}  init {row['trial_id']}\n"
                                            f"{outcome}, {row.get('steps', '?')} steps"))
