@@ -43,11 +43,10 @@ CKPTS="$OUT/sft/libero_sft_cosmos3_tiny/checkpoints"
 echo "== 4/6 SFT (2 gloo ranks on CPU) -> $CKPTS"
 bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_tiny actor.model.model_path="$MODEL" \
   data.dataset.root="$DATASET" data.dataset.stats_path="$STATS" runner.log_path="$OUT/sft"
-LAST=$(ls -d "$CKPTS"/global_step_* | sort -t_ -k3 -n | tail -1)
 
 CONVERTED="$OUT/cosmos3_tiny_sft"
-echo "== 5/6 convert $LAST -> $CONVERTED"
-$PY toolkits/cosmos3/convert_checkpoint.py --src "$LAST/actor/model_state_dict/full_weights.pt" \
+echo "== 5/6 convert the newest checkpoint in $CKPTS -> $CONVERTED"
+$PY toolkits/cosmos3/convert_checkpoint.py --src "$CKPTS" \
   --base "$MODEL" --out "$CONVERTED" --overwrite
 
 echo "== 6/6 evaluate $CONVERTED in LIBERO (real SGLang server on CPU; a random tiny model rarely succeeds)"

@@ -7,7 +7,7 @@
 #   prepare  toolkits/cosmos3/compute_action_stats.py on the training episodes (init states $LP_TRAIN_STATES);
 #            toolkits/cosmos3/make_tiny_model.py --preset small (random init)
 #   train    bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small (latent cache in $WORK/latents)
-#   convert  toolkits/cosmos3/convert_checkpoint.py on the last checkpoint (EMA weights, bf16)
+#   convert  toolkits/cosmos3/convert_checkpoint.py on the newest checkpoint by step (EMA weights, bf16)
 #   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
 #            16 real LIBERO envs; init states 0..49 with policy seed 42, then init states $LP_EXTRA_STATES
 #            (default: the held-out ones) again with each seed of $LP_EXTRA_SEEDS
@@ -114,8 +114,9 @@ if phase train; then
 fi
 
 if phase convert; then
-  LAST=$(ls -d "$CKPTS"/global_step_* | sort -t_ -k3 -n | tail -1)
-  timed convert "$PY" toolkits/cosmos3/convert_checkpoint.py --src "$LAST" --base "$MODEL" --out "$CONVERTED" \
+  # The checkpoints directory: the converter takes its newest complete checkpoint by step number
+  # (a name sort put global_step_880 after global_step_1760).
+  timed convert "$PY" toolkits/cosmos3/convert_checkpoint.py --src "$CKPTS" --base "$MODEL" --out "$CONVERTED" \
     --use-ema-weights --dtype bf16 --overwrite
 fi
 

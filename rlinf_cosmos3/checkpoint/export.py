@@ -25,7 +25,13 @@ import torch
 
 from rlinf_cosmos3.checkpoint import disk
 from rlinf_cosmos3.checkpoint.errors import CheckpointError, InsufficientSpaceError
-from rlinf_cosmos3.checkpoint.layout import FULL_WEIGHTS, FULL_WEIGHTS_EMA, is_complete_checkpoint, parse_step
+from rlinf_cosmos3.checkpoint.layout import (
+    FULL_WEIGHTS,
+    FULL_WEIGHTS_EMA,
+    is_complete_checkpoint,
+    list_checkpoints,
+    parse_step,
+)
 from rlinf_cosmos3.checkpoint.load import load_full_weights
 from rlinf_cosmos3.models.cosmos3.components import MODEL_INDEX, TRANSFORMER_DIR, missing_components
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity, read_identity, write_identity
@@ -64,7 +70,8 @@ def export_diffusers(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"'{out_dir}' exists; pass overwrite=True (--overwrite) to replace it")
-    weights_file = resolve_weights_file(check_source(full_weights, use_ema), use_ema)
+    full_weights = check_source(full_weights, use_ema)
+    weights_file = resolve_weights_file(full_weights, use_ema)
     identity = checkpoint_identity(full_weights)
     state = _load_state(weights_file, use_ema)
     target = DTYPES[dtype]
@@ -135,17 +142,28 @@ def output_bytes(base_dir: Path, state: dict[str, torch.Tensor]) -> int:
 
 
 def check_source(src: str | Path, use_ema: bool) -> Path:
-    """``--src`` must be a complete ``global_step_<N>`` directory or a weights file; returns it."""
+    """``--src`` must be a complete ``global_step_<N>`` directory, a weights file, or a run's
+    ``checkpoints/`` directory (its newest complete checkpoint by step); returns what is converted.
+
+    The newest is chosen here, by the step number, because choosing it by name in a shell
+    (``ls | sort``) puts ``global_step_880`` after ``global_step_1760``.
+    """
     src = Path(src)
-    fix = ("pass a complete checkpoint directory .../checkpoints/global_step_<N> (one with a COMPLETE file) or "
-           "its actor/model_state_dict/full_weights.pt")
+    fix = ("pass a complete checkpoint directory .../checkpoints/global_step_<N> (one with a COMPLETE file), "
+           "its actor/model_state_dict/full_weights.pt, or the checkpoints/ directory that holds them")
     if not src.exists():
         raise FileNotFoundError(f"--src '{src}' does not exist; {fix}")
+    if src.is_dir() and parse_step(src) is None:
+        found = list_checkpoints(src)
+        if not found:
+            raise ConversionError(f"--src '{src}' is not a global_step_<N> directory, nor a directory holding "
+                                  f"a complete one; {fix}")
+        src = found[-1]
+        logger.info("converting the newest complete checkpoint of %d: %s", len(found), src)
     if src.is_dir():
-        if parse_step(src) is None or not is_complete_checkpoint(src):
-            what = ("is not a global_step_<N> directory" if parse_step(src) is None
-                    else "is an incomplete checkpoint (no COMPLETE marker: its save did not finish)")
-            raise ConversionError(f"--src '{src}' {what}; {fix}")
+        if not is_complete_checkpoint(src):
+            raise ConversionError(f"--src '{src}' is an incomplete checkpoint (no COMPLETE marker: its save did "
+                                  f"not finish); {fix}")
         if use_ema:
             return src
         weights = src / "actor" / "model_state_dict" / FULL_WEIGHTS

@@ -4,7 +4,8 @@
         --src logs/<exp>/checkpoints/global_step_<N>/actor/model_state_dict/full_weights.pt \\
         --base <base model_diffusers dir> --out <new model dir> [--use-ema-weights] [--dtype bf16]
 
-``--src`` may also be the ``global_step_<N>`` directory itself.
+``--src`` may also be the ``global_step_<N>`` directory itself, or a run's ``checkpoints/`` directory:
+then its newest complete checkpoint by step number is converted (and named in the log).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--src", required=True, help="full_weights.pt, full_weights_ema.pt or a global_step_<N> dir")
+    parser.add_argument("--src", required=True, help="full_weights.pt, full_weights_ema.pt, a global_step_<N> dir, or a checkpoints/ dir "
+                        "(its newest complete checkpoint)")
     parser.add_argument("--base", required=True, help="the diffusers directory the SFT run started from")
     parser.add_argument("--out", required=True, help="output diffusers directory")
     parser.add_argument("--use-ema-weights", action="store_true", help="export the EMA weights")
