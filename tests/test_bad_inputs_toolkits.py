@@ -71,12 +71,13 @@ def _record(argv: list[str]) -> int | None:
     (["--task-ids", "0", "--noise-period", "8", "--noise-burst", "9"],
      r"--noise-burst: must be in 1\.\.noise_period \(8\), got 9 \(fix: "),
     (["--task-ids", "0", "--place-jitter", "-0.01"], r"--place-jitter: must be >= 0, got -0.01 \(fix: "),
+    (["--task-ids", "0", "--approach-jitter", "-0.01"], r"--approach-jitter: must be >= 0, got -0.01 \(fix: "),
     (["--task-ids", "0", "--repeats", "0"], r"--repeats: must be >= 1, got 0 \(fix: "),
     (["--task-ids", "0", "--repeats", "3"],
      r"--repeats: 3 episodes per init state would be identical: the scripted policy draws nothing \(fix: add"),
 ], ids=["task_out_of_range", "empty_range", "init_state_out_of_range", "count_too_large", "no_envs", "no_steps",
         "negative_settle", "negative_noise", "unknown_recorded_action", "no_noise_period", "burst_over_period",
-        "negative_place_jitter", "no_repeats", "identical_repeats"])
+        "negative_place_jitter", "negative_approach_jitter", "no_repeats", "identical_repeats"])
 def test_record_demos_rejects_bad_arguments_before_any_simulator(tmp_path, capsys, argv, text) -> None:
     assert _record([*argv, "--out", str(tmp_path / "d")]) == 2
     assert re.search(text, capsys.readouterr().err)

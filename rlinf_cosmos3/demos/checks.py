@@ -49,11 +49,16 @@ def check_record_config(cfg: RecordConfig, camera_storages: tuple[str, ...]) -> 
             "give how many commands of each period get the noise")
     require(cfg.policy.place_jitter >= 0, "policy.place_jitter", f"must be >= 0, got {cfg.policy.place_jitter}",
             "use 0 (carry straight over the target) or a radius in metres, e.g. 0.03")
+    require(cfg.policy.approach_jitter >= 0, "policy.approach_jitter",
+            f"must be >= 0, got {cfg.policy.approach_jitter}",
+            "use 0 (descend straight onto the grasp) or a radius in metres, e.g. 0.02")
     require(cfg.repeats >= 1, "repeats", f"must be >= 1, got {cfg.repeats}",
             "give the number of episodes to record per task and init state")
-    require(cfg.repeats == 1 or cfg.policy.place_jitter > 0 or cfg.policy.noise_std > 0, "repeats",
+    draws = cfg.policy.place_jitter > 0 or cfg.policy.approach_jitter > 0 or cfg.policy.noise_std > 0
+    require(cfg.repeats == 1 or draws, "repeats",
             f"{cfg.repeats} episodes per init state would be identical: the scripted policy draws nothing",
-            "add place jitter or action noise (policy.place_jitter / policy.noise_std), or record once")
+            "add place or approach jitter or action noise (policy.place_jitter / policy.approach_jitter / "
+            "policy.noise_std), or record once")
     require(cfg.recorded_action in RECORDED_ACTIONS, "recorded_action", f"unknown choice {cfg.recorded_action!r}",
             f"use one of {list(RECORDED_ACTIONS)} (executed: the command the simulator ran; clean: before "
             "the action noise)")

@@ -37,7 +37,8 @@ class RecordConfig:
     recorded_action: str = "executed"  # one of RECORDED_ACTIONS
     repeats: int = 1
     """Episodes per (task, init state), each with its own policy seed: distinct demonstrations of one
-    start only when the policy draws something (``policy.place_jitter`` or ``policy.noise_std``)."""
+    start only when the policy draws something (``policy.place_jitter``, ``policy.approach_jitter`` or
+    ``policy.noise_std``)."""
 
     def resolved_max_steps(self) -> int:
         if self.num_settle_steps < 0:

@@ -103,6 +103,11 @@ class ScriptedPolicyConfig:
     plan), then lower diagonally onto the place point: demonstrations that show the object held beside
     its target and how to get over and down onto it - states a policy reaches when it is a little off,
     which straight-down demonstrations never show. Every command stays the scripted controller's own."""
+    approach_jitter: float = 0.0
+    """Metres. Approach a point drawn uniformly within this radius of the point above the grasp (once per
+    plan), then descend diagonally onto the grasp: demonstrations of coming down onto the grasp from a
+    little off to the side - where a policy that misjudges the object's position by a centimetre or two
+    is, and where straight-down demonstrations never show how to still land the fingers on the grasp."""
 
 
 def _down_rotation(yaw: float) -> np.ndarray:
@@ -220,6 +225,8 @@ class ScriptedPickPlace:
             "target_xy": target_xy,
             "support_top": support_top,
             "carry_offset_xy": self._disc_point(self.cfg.place_jitter),
+            # drawn after the carry offset: place-jitter-only recordings keep their draws
+            "approach_offset_xy": self._disc_point(self.cfg.approach_jitter),
         }
 
     def _disc_point(self, radius: float) -> np.ndarray:
@@ -276,7 +283,7 @@ class ScriptedPickPlace:
         self._eef_history = [*self._eef_history[-9:], eef.copy()]
         obj_pose = np.asarray(priv[f"pose/{self.goal.obj}"])
         grasp = plan["grasp"]
-        above = grasp + np.array([0.0, 0.0, cfg.approach_height])
+        above = grasp + np.array([*plan["approach_offset_xy"], cfg.approach_height])
 
         if self.phase is ScriptPhase.APPROACH:
             if self._reached(priv, above, cfg.coarse_tol) or self.phase_steps > cfg.phase_timeout:

@@ -45,7 +45,8 @@ FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init
          "max_steps": "--max-steps", "num_settle_steps": "--settle-steps", "num_envs": "--num-envs",
          "policy.noise_std": "--action-noise", "policy.noise_period": "--noise-period",
          "policy.noise_burst": "--noise-burst", "camera_storage": "--camera-storage",
-         "recorded_action": "--recorded-action", "policy.place_jitter": "--place-jitter", "repeats": "--repeats"}
+         "recorded_action": "--recorded-action", "policy.place_jitter": "--place-jitter",
+         "policy.approach_jitter": "--approach-jitter", "repeats": "--repeats"}
 """RecordConfig field -> the flag that sets it."""
 
 
@@ -104,9 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--place-jitter", type=float, default=0.0,
                    help="metres: carry the object to a random point within this radius of its target, then lower "
                         "diagonally onto the target (demonstrations of getting over and down from beside it)")
+    p.add_argument("--approach-jitter", type=float, default=0.0,
+                   help="metres: approach a random point within this radius of the point above the grasp, then "
+                        "descend diagonally onto the grasp (demonstrations of landing the grasp from off to the side)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="episodes per task and init state, each with its own seed (needs --place-jitter or "
-                        "--action-noise, else they would be identical)")
+                   help="episodes per task and init state, each with its own seed (needs --place-jitter, "
+                        "--approach-jitter or --action-noise, else they would be identical)")
     p.add_argument("--summary-json", type=Path, default=None, help="also write per-task results here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--log-level", default="INFO")
@@ -133,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_failed=args.keep_failed,
         num_envs=args.num_envs,
         policy=ScriptedPolicyConfig(noise_std=args.action_noise, noise_period=args.noise_period,
-                                    noise_burst=args.noise_burst, place_jitter=args.place_jitter),
+                                    noise_burst=args.noise_burst, place_jitter=args.place_jitter,
+                                    approach_jitter=args.approach_jitter),
         repeats=args.repeats,
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
