@@ -26,6 +26,7 @@ from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.config.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
 from rlinf_cosmos3.sim.client import LiberoSimProcess
+from rlinf_cosmos3.sim.object_lift import lift_label
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.libero_env_worker import LiberoEnvWorker, start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
@@ -487,7 +488,8 @@ def _scripted_solution() -> tuple[np.ndarray, int]:
 def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Cluster, tmp_path: Path) -> None:
     """Two envs side by side: trial 0 replays the scripted solution in 16-step chunks (a success: the
     episode ends exactly at its first successful step), trial 1 idles with no-ops to the cap (a failure).
-    Both are recorded, only the failure's mp4 is written; the simulators are gone after close."""
+    Both are recorded, only the failure's mp4 is written; the simulators are gone after close. The
+    results say how high each lifted the bowl (``object_lift_m``): the success carried it, the no-ops never did."""
     padded, first_success = _scripted_solution()
     succeeds_at = NUM_SETTLE_STEPS + first_success + 1
     cap = succeeds_at + 16  # the success ends its episode before the cap
@@ -515,3 +517,8 @@ def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Clust
     assert len(_decode(by_trial[1].video_path)) == cap
     assert [p.name for p in (tmp_path / "videos").rglob("*") if p.is_file()] == ["task00_trial01_failure.mp4"]
     assert not _wait_all_gone(pgids)
+    # the simulator's ground truth tells the two apart: the replayed grasp carried the bowl, the no-ops never moved it
+    assert set(by_trial[0].object_lift_m) == set(by_trial[1].object_lift_m) == {"akita_black_bowl_1"}
+    assert by_trial[0].object_lift_m["akita_black_bowl_1"] > 0.03, by_trial[0].object_lift_m
+    assert lift_label(by_trial[0].object_lift_m).startswith("lifted 0.")
+    assert abs(by_trial[1].object_lift_m["akita_black_bowl_1"]) < 0.005 and lift_label(by_trial[1].object_lift_m) == "never lifted"

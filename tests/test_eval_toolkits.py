@@ -25,9 +25,11 @@ def _cli(relative: str):
     return module
 
 
-def _row(trial: int, success: bool, steps: int, video: str | None = None, task: int = 0) -> dict:
-    return {"suite": "libero_spatial", "task_id": task, "trial_id": trial, "success_once": success,
-            "success_at_end": success, "steps": steps, "video": video, "error": None}
+def _row(trial: int, success: bool, steps: int, video: str | None = None, task: int = 0,
+         lift: dict[str, float] | None = None) -> dict:
+    row = {"suite": "libero_spatial", "task_id": task, "trial_id": trial, "success_once": success,
+           "success_at_end": success, "steps": steps, "video": video, "error": None}
+    return row if lift is None else {**row, "object_lift_m": lift}  # runs before the field have none
 
 
 def _run(path: Path, rows: list[dict]) -> Path:
@@ -37,7 +39,9 @@ def _run(path: Path, rows: list[dict]) -> Path:
 
 
 def test_success_report_pools_seeds_and_names_failed_init_states(tmp_path, capsys) -> None:
-    seed42 = _run(tmp_path / "seed42", [_row(0, True, 70), _row(1, False, 220), _row(2, False, 220),
+    bowl = "akita_black_bowl_1"
+    seed42 = _run(tmp_path / "seed42", [_row(0, True, 70, lift={bowl: 0.08}), _row(1, False, 220, lift={bowl: 0.004}),
+                                        _row(2, False, 220, lift={bowl: 0.09}),
                                         _row(40, True, 80), _row(41, False, 220), _row(3, False, 220, task=1)])
     seed43 = _run(tmp_path / "seed43", [_row(0, False, 220), _row(1, True, 75), _row(2, False, 220), _row(40, True, 90)])
     out = tmp_path / "report.json"
@@ -50,8 +54,11 @@ def test_success_report_pools_seeds_and_names_failed_init_states(tmp_path, capsy
     assert trained["success_once"]["overall"]["trials"] == 7  # task 1's episode counts too
     assert [s["failed_init_states"] for s in trained["sources"]] == [{"0": [1, 2], "1": [3]}, {"0": [0, 2]}]
     assert doc["held_out"]["sources"][0]["failed_init_states"] == {"0": [41]}
+    # of the failures, those whose object never rose 2 cm (a missed grasp); rows without the field: unknown
+    assert [s["failed_never_lifted"] for s in trained["sources"]] == [{"0": [1]}, {}]
     printed = capsys.readouterr().out
-    assert "failed, task 0, seed42: [1, 2]" in printed and "failed, task 0, seed43: [0, 2]" in printed
+    assert "failed, task 0, seed42: [1, 2] (never lifted the object: [1])" in printed
+    assert "failed, task 0, seed43: [0, 2]\n" in printed
 
 
 def _video(path: Path, colour: tuple[int, int, int], steps: int) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from rlinf_cosmos3.id_lists import parse_id_list
+from rlinf_cosmos3.sim.object_lift import lift_label
 from rlinf_cosmos3.tracking.results_file import episode_video, read_results
 
 SELECTIONS = ("failures", "successes", "all")
@@ -53,8 +54,9 @@ def select_episodes(runs: list[str], select: str, init_states: set[int] | None) 
                 without_video += 1
                 continue
             outcome = "success" if success else ("error" if row.get("error") else "failure")
+            lifted = lift_label(row.get("object_lift_m"))
             episodes.append(Episode(video, f"{run_dir.name[:26]}\ntask {row['task_id']}  init {row['trial_id']}\n"
-                                           f"{outcome}, {row.get('steps', '?')} steps"))
+                                           f"{outcome}, {row.get('steps', '?')} steps" + (f"\n{lifted}" if lifted else "")))
     return episodes, without_video
 
 

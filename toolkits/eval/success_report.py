@@ -8,7 +8,9 @@ Each ``--group NAME RUN[:INIT_STATES]`` adds the episodes of an eval run directo
 ``results.jsonl``), optionally only those whose init state (trial id) is listed; a name given several
 times pools its runs (e.g. the same held-out states under other policy seeds). Prints a table per group.
 Each source also lists its failed init states per task (``success_once`` false; an episode with an
-error is a failure), so which states fail under every seed reads off the JSON.
+error is a failure), so which states fail under every seed reads off the JSON, and of those the ones
+that never lifted the object the goal moves (``object_lift_m`` of the results: the grasp missed), so
+missed grasps and later failures are counted apart.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_cosmos3.id_lists import parse_id_list
+from rlinf_cosmos3.sim.object_lift import lift_label
 from rlinf_cosmos3.tracking.results_file import read_results
 from rlinf_cosmos3.tracking.success import overall, success_by_task
 
@@ -33,11 +36,19 @@ def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise ValueError(f"--group {spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
     rows = read_results(run, wanted)
     failed: dict[str, list[int]] = {}
+    never_lifted: dict[str, list[int]] = {}
     for row in rows:
         if not row["success_once"]:
             failed.setdefault(str(row["task_id"]), []).append(int(row["trial_id"]))
+            if lift_label(row.get("object_lift_m")) == "never lifted":
+                never_lifted.setdefault(str(row["task_id"]), []).append(int(row["trial_id"]))
+
+    def by_task(ids: dict[str, list[int]]) -> dict[str, list[int]]:
+        return {t: sorted(i) for t, i in sorted(ids.items(), key=lambda kv: int(kv[0]))}
+
     return rows, {"run": str(Path(run).resolve()), "init_states": sorted(wanted) if wanted else "all",
-                  "episodes": len(rows), "failed_init_states": {t: sorted(ids) for t, ids in sorted(failed.items(), key=lambda kv: int(kv[0]))}}
+                  "episodes": len(rows), "failed_init_states": by_task(failed),
+                  "failed_never_lifted": by_task(never_lifted)}
 
 
 def report(groups: list[tuple[str, str]]) -> dict[str, Any]:
@@ -76,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({rate['successes']}/{rate['trials']})")
         for source in entry["sources"]:
             for task, ids in source["failed_init_states"].items():
-                print(f"  failed, task {task}, {Path(source['run']).name}: {ids}")
+                missed = source["failed_never_lifted"].get(task, [])
+                print(f"  failed, task {task}, {Path(source['run']).name}: {ids}"
+                      + (f" (never lifted the object: {missed})" if missed else ""))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -28,6 +28,9 @@ class EpisodeResult:
     attempts: int = 1
     """Simulator runs this episode took (1 + re-runs after crashes)."""
     task_description: str = ""
+    object_lift_m: dict[str, float] | None = None
+    """Highest rise (metres) of each object the goal moves, above where it rested after settling, sampled
+    after each chunk (``sim/object_lift.py``): ~0 for a missed grasp. ``None`` for an episode with an error."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (one ``results.jsonl`` line)."""

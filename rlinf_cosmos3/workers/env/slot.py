@@ -29,6 +29,7 @@ import numpy as np
 from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, SimProcessError
 from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
+from rlinf_cosmos3.sim.object_lift import ObjectLift
 from rlinf_cosmos3.workers.env.episodes import Episode
 from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
@@ -58,7 +59,9 @@ class EnvSlot:
         self.num_process_starts = 0
         self.proc: LiberoSimProcess | None = None
         self.closing: LiberoSimProcess | None = None  # sent "close", reply not collected yet
-        self.sim = EpisodeProgress(cfg.num_settle_steps, privileged=False)
+        # The ground truth with every reply: the moved objects' heights (object_lift_m of the results).
+        self.sim = EpisodeProgress(cfg.num_settle_steps, privileged=True)
+        self.lift = ObjectLift()
         self.episode: Episode | None = None
         self.attempts = 0
         self.prompt = ""
@@ -204,6 +207,7 @@ class EnvSlot:
             self.prompt = prompt_from_make_reply(reply)
             return None  # still START: the reset follows
         self._set_obs(reply)
+        self.lift.observe(reply, at_rest=cmd in ("reset", "settle"))
         if cmd == "reset":
             return None
         self._record_frames(reply)
@@ -260,6 +264,7 @@ class EnvSlot:
         self.sim.begin(self.episode.suite, self.episode.task_id, self.episode.trial_id)
         self.success_once = self.success_at_end = False
         self.obs = {}
+        self.lift = ObjectLift()
         self._discard_video()
 
     def _next_episode(self) -> None:
@@ -290,7 +295,8 @@ class EnvSlot:
             success_once=self.success_once if error is None else False,
             success_at_end=self.success_at_end if error is None else False,
             steps=self.steps if error is None else 0, video_path=video_path, error=error,
-            slot_id=self.slot_id, attempts=self.attempts, task_description=self.prompt)
+            slot_id=self.slot_id, attempts=self.attempts, task_description=self.prompt,
+            object_lift_m=self.lift.result() if error is None else None)
         self.num_reported += 1
         logger.log(logging.INFO if error is None else logging.ERROR, "%s", episode_log_line(result))
         self._next_episode()
