@@ -17,7 +17,8 @@ if [ ! -f "$ROOT/evaluations/$SIM/$CONFIG.yaml" ]; then
   exit 2
 fi
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PYTHON" ] || { echo "no $PYTHON: run 'bash requirements/install.sh' first" >&2; exit 1; }
+case "$PYTHON" in */*) ;; *) PYTHON="$(command -v "$PYTHON" || echo "$PYTHON")" ;; esac  # PYTHON=python3 works too
+[ -x "$PYTHON" ] || { echo "no $PYTHON: run 'bash requirements/install.sh' first (or set PYTHON to a Python that has the project's packages)" >&2; exit 1; }
 # Local servers must never go through a proxy (the reference FAQ's "local requests blocked by proxy").
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 cd "$ROOT"

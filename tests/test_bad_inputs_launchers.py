@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -111,3 +112,19 @@ def test_an_eval_whose_server_cannot_start_stops_ray_and_the_simulators(inputs, 
     assert "env workers ready" in log  # it got as far as Ray and a running simulator
     assert "the rollout backend did not start" in log and "--no-such-server-flag" in log
     assert "Traceback" not in proc.stderr
+
+
+def test_python_may_be_named_by_command_and_a_missing_one_is_refused(tmp_path) -> None:
+    """``PYTHON=python3`` (a name on PATH, as on a machine without the project's venvs) runs the launcher;
+    a name that is nowhere stops it before anything starts, saying what to do."""
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    for script, config in (("examples/sft/run_vla_sft.sh", ["libero_sft_cosmos3_tiny"]),
+                           ("evaluations/run_eval.sh", ["libero", "libero_spatial_cosmos3_eval_tiny"])):
+        ran = subprocess.run(["bash", str(REPO / script), *config, "foo.bar=1"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300, env={**env, "PYTHON": Path(sys.executable).name})
+        assert ran.returncode == 2 and "unknown key" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+        missing = subprocess.run(["bash", str(REPO / script), *config], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=60, env={**env, "PYTHON": "no-such-python3"})
+        assert missing.returncode == 1, missing.stderr
+        assert "no no-such-python3: run 'bash requirements/install.sh' first" in missing.stderr

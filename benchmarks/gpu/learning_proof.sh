@@ -136,18 +136,23 @@ fi
 
 if phase report; then
   groups=()
-  latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::'; }  # newest run directory under a logs dir
+  # newest run directory under a logs dir, or nothing (no run there: ls fails, which pipefail would make fatal)
+  latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::' || true; }
   eval_runs=()
   first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
   if [ -n "$first" ]; then
     groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
     eval_runs+=("$first")
+  else
+    say "no eval run in $LOGS/eval_all_seed42$SUFFIX: seed 42 is not in the report"
   fi
   for seed in $EXTRA_SEEDS; do  # each group takes the states of its own kind that the run evaluated
     run=$(latest "$LOGS/eval_extra_seed$seed$SUFFIX")
     if [ -n "$run" ]; then
       groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
       eval_runs+=("$run")
+    else
+      say "no eval run in $LOGS/eval_extra_seed$seed$SUFFIX: seed $seed is not in the report"
     fi
   done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"

@@ -16,6 +16,7 @@ if [ ! -f "$ROOT/examples/sft/config/$CONFIG.yaml" ]; then
   exit 2
 fi
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-[ -x "$PYTHON" ] || { echo "no $PYTHON: run 'bash requirements/install.sh' first" >&2; exit 1; }
+case "$PYTHON" in */*) ;; *) PYTHON="$(command -v "$PYTHON" || echo "$PYTHON")" ;; esac  # PYTHON=python3 works too
+[ -x "$PYTHON" ] || { echo "no $PYTHON: run 'bash requirements/install.sh' first (or set PYTHON to a Python that has the project's packages)" >&2; exit 1; }
 cd "$ROOT"
 exec "$PYTHON" examples/sft/train_vla_sft.py --config-name "$CONFIG" "$@"

@@ -1,0 +1,48 @@
+"""``benchmarks/gpu/learning_proof.sh``'s report phase when an eval it names is missing.
+
+With ``LP_EXTRA_SEEDS="43 44"`` and no seed-44 eval (a call that ran out of time, or seed 44 evaluated
+by hand later), the phase once died without a word: ``ls`` of the missing logs directory failed inside
+a ``$(...)`` under ``set -euo pipefail``, so no report was written at all. Now it reports the evals that
+exist and says which seed it left out. Results rows as the eval writes them (``results.jsonl``); the
+script run as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _eval_run(logs: Path, name: str, failed: set[int]) -> Path:
+    """``logs/<name>/<timestamp>-<config>/results.jsonl``: init states 0-49 of task 0, ``failed`` failing."""
+    run = logs / name / "20261204-160034-libero_spatial_cosmos3_eval_small"
+    run.mkdir(parents=True)
+    rows = [{"suite": "libero_spatial", "task_id": 0, "trial_id": trial, "success_once": trial not in failed,
+             "success_at_end": trial not in failed, "steps": 220 if trial in failed else 75, "error": None,
+             "slot_id": trial % 16, "attempts": 1, "video": None,
+             "object_lift_m": {"akita_black_bowl_1": 0.0 if trial in failed else 0.06}}
+            for trial in range(50)]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_the_report_covers_the_evals_that_exist_and_names_the_missing_seed(tmp_path) -> None:
+    work = tmp_path / "lp"
+    _eval_run(work / "logs", "eval_all_seed42", failed={2, 7, 41})
+    _eval_run(work / "logs", "eval_extra_seed43", failed={7, 13})
+    env = {**os.environ, "LP_EXTRA_SEEDS": "43 44"}
+    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "seed 44 is not in the report" in out
+    report = json.loads((work / "report.json").read_text())
+    trained = report["trained"]["success_once"]["overall"]
+    held_out = report["held_out"]["success_once"]["overall"]
+    assert (trained["successes"], trained["trials"]) == (80 - 4, 80)  # 2 and 7 (seed 42), 7 and 13 (seed 43)
+    assert (held_out["successes"], held_out["trials"]) == (20 - 1, 20)  # 41 (seed 42)
+    assert len(report["trained"]["sources"]) == 2
