@@ -139,22 +139,16 @@ if phase report; then
   # newest run directory under a logs dir, or nothing (no run there: ls fails, which pipefail would make fatal)
   latest() { ls -dt "$1"/*/ 2>/dev/null | head -1 | sed 's:/$::' || true; }
   eval_runs=()
+  add_eval() {  # add_eval NAME SEED: the newest run of logs/NAME to both groups, or say the seed is left out
+    local run; run=$(latest "$LOGS/$1$SUFFIX")
+    if [ -z "$run" ]; then say "no eval run in $LOGS/$1$SUFFIX: seed $2 is not in the report"; return 0; fi
+    # each group takes the states of its own kind that the run evaluated
+    groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
+    eval_runs+=("$run")
+  }
+  add_eval eval_all_seed42 42
+  for seed in $EXTRA_SEEDS; do add_eval "eval_extra_seed$seed" "$seed"; done
   first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
-  if [ -n "$first" ]; then
-    groups+=(--group trained "$first:$TRAIN_STATES" --group held_out "$first:$HELD_OUT")
-    eval_runs+=("$first")
-  else
-    say "no eval run in $LOGS/eval_all_seed42$SUFFIX: seed 42 is not in the report"
-  fi
-  for seed in $EXTRA_SEEDS; do  # each group takes the states of its own kind that the run evaluated
-    run=$(latest "$LOGS/eval_extra_seed$seed$SUFFIX")
-    if [ -n "$run" ]; then
-      groups+=(--group trained "$run:$TRAIN_STATES" --group held_out "$run:$HELD_OUT")
-      eval_runs+=("$run")
-    else
-      say "no eval run in $LOGS/eval_extra_seed$seed$SUFFIX: seed $seed is not in the report"
-    fi
-  done
   [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
   # every failure of every eval run above, a row of frames each (where the policy goes wrong, at a glance)
   if [ ${#eval_runs[@]} -gt 0 ]; then
