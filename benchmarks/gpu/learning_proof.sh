@@ -2,15 +2,17 @@
 # The learning proof: a Cosmos3 policy trained by this project succeeds in LIBERO. Only the project's own
 # entry points run, in order, on one GPU (one LIBERO task; docs/learning_proof.md):
 #
-#   record   toolkits/libero/record_demos.py: scripted demonstrations of libero_spatial task $LP_TASK on all 50
-#            init states, real simulator -> LeRobot v3 dataset (skipped when $WORK/demos exists)
+#   record   toolkits/libero/record_demos.py: scripted demonstrations of libero_spatial task $LP_TASK on the
+#            training init states ($LP_TRAIN_STATES), two each, every one with its own grasp approach and place
+#            point (--place-jitter 0.03 --approach-jitter 0.03 --repeats 2), real simulator -> LeRobot v3
+#            dataset (skipped when $WORK/demos exists)
 #   prepare  toolkits/cosmos3/compute_action_stats.py on the training episodes (init states $LP_TRAIN_STATES);
 #            toolkits/cosmos3/make_tiny_model.py --preset small (random init)
 #   train    bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small (latent cache in $WORK/latents)
 #   convert  toolkits/cosmos3/convert_checkpoint.py on the newest checkpoint by step (EMA weights, bf16)
 #   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
 #            16 real LIBERO envs; init states 0..49 with policy seed 42, then init states $LP_EXTRA_STATES
-#            (default: the held-out ones) again with each seed of $LP_EXTRA_SEEDS
+#            (default: 0..49 again) with each seed of $LP_EXTRA_SEEDS
 #   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
 #            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4;
@@ -21,17 +23,19 @@
 # On the offline GPU device, source benchmarks/gpu/device_env.sh and benchmarks/gpu/libero_env.sh first (they
 # set PYTHONPATH, RLINF_COSMOS3_SGLANG_PYTHON and RLINF_COSMOS3_LIBERO_PYTHON); on a machine with the project's
 # three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
-#   LP_TASK (0)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (1500)  LP_SAVE_INTERVAL (250)
+#   LP_TASK (0)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (3520)  LP_SAVE_INTERVAL (880)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
 #   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
 #   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
 #   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EXTRA_STATES (the init states evaluated again with each extra
-#   seed; default LP_HELD_OUT, e.g. 0-49 for both groups)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
+#   seed; default LP_EVAL_STATES, e.g. 40-49 for the held-out ones only)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
 #   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_EVAL_NAME (suffix of the eval and report outputs, so an
 #   eval variant keeps the others: LP_EVAL_NAME=_ol8 LP_EVAL_ARGS=env.eval.open_loop_steps=8 -> logs/eval_*_ol8,
-#   report_ol8.json)  LP_RECORD_ARGS (extra record_demos.py flags, e.g.
-#   "--action-noise 0.1 --recorded-action clean": perturbed demonstrations with corrective labels)
+#   report_ol8.json)  LP_RECORD_ARGS (record_demos.py flags after the suite, task, init states and output;
+#   default "--place-jitter 0.03 --approach-jitter 0.03 --repeats 2", the data of the run that met the
+#   targets; "" for one clean demonstration per init state; e.g. "--action-noise 0.1 --recorded-action clean":
+#   perturbed demonstrations with corrective labels)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -47,7 +51,9 @@ export PYTHON="$PY"  # run_vla_sft.sh / run_eval.sh use it
 TASK="${LP_TASK:-0}"
 TRAIN_STATES="${LP_TRAIN_STATES:-0-39}"
 HELD_OUT="${LP_HELD_OUT:-40-49}"
-STEPS="${LP_STEPS:-1500}"
+STEPS="${LP_STEPS:-3520}"
+SAVE_INTERVAL="${LP_SAVE_INTERVAL:-880}"
+RECORD_ARGS="${LP_RECORD_ARGS---place-jitter 0.03 --approach-jitter 0.03 --repeats 2}"  # set but empty: clean demos
 EXTRA_SEEDS="${LP_EXTRA_SEEDS-43 44}"  # set but empty: no extra seeds
 DEMOS="$WORK/demos"
 STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
@@ -84,11 +90,14 @@ EOF
 }
 
 if phase record && [ ! -f "$DEMOS/meta/info.json" ]; then
-  say "recording libero_spatial task $TASK, init states 0..49 -> $DEMOS"
+  say "recording libero_spatial task $TASK, init states $TRAIN_STATES ($RECORD_ARGS) -> $DEMOS"
+  # ids, never a count: the recorder reads a lone integer N as "the first N" ("7," is init state 7)
   # shellcheck disable=SC2086
-  timed record "$PY" toolkits/libero/record_demos.py --suite libero_spatial --task-ids "$TASK" --init-states 50 \
-    --out "$DEMOS" --repo-id local/learning_proof --num-envs "${LP_RECORD_ENVS:-16}" \
-    --summary-json "$WORK/record_summary.json" --no-progress ${LP_RECORD_ARGS:-}
+  record_states="$(hydra_list $TRAIN_STATES | tr -d '[]'),"
+  # shellcheck disable=SC2086
+  timed record "$PY" toolkits/libero/record_demos.py --suite libero_spatial --task-ids "$TASK" \
+    --init-states "$record_states" --out "$DEMOS" --repo-id local/learning_proof --num-envs "${LP_RECORD_ENVS:-16}" \
+    --summary-json "$WORK/record_summary.json" --no-progress $RECORD_ARGS
 fi
 
 TRAIN_EPISODES=""
@@ -109,7 +118,7 @@ if phase train; then
     actor.model.model_path="$MODEL" data.dataset.root="$DEMOS" data.dataset.stats_path="$STATS" \
     data.dataset.episodes="[$TRAIN_EPISODES]" data.latent_cache_dir="$WORK/latents" \
     runner.log_path="$WORK/sft" runner.logs_dir="$LOGS/sft" runner.max_steps="$STEPS" \
-    runner.save_interval="${LP_SAVE_INTERVAL:-250}" runner.max_checkpoints_to_keep=2 \
+    runner.save_interval="$SAVE_INTERVAL" runner.max_checkpoints_to_keep=2 \
     runner.max_wall_time_s="${LP_MAX_TRAIN_S:-null}" actor.optim.total_training_steps="$STEPS" ${LP_SFT_ARGS:-}
 fi
 
@@ -131,7 +140,7 @@ run_eval() {  # run_eval NAME SEED STATES
 }
 if phase eval; then
   run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}"
-  for seed in $EXTRA_SEEDS; do run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-$HELD_OUT}"; done
+  for seed in $EXTRA_SEEDS; do run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-${LP_EVAL_STATES:-0-49}}"; done
 fi
 
 if phase report; then
