@@ -46,3 +46,18 @@ def test_the_report_covers_the_evals_that_exist_and_names_the_missing_seed(tmp_p
     assert (trained["successes"], trained["trials"]) == (80 - 4, 80)  # 2 and 7 (seed 42), 7 and 13 (seed 43)
     assert (held_out["successes"], held_out["trials"]) == (20 - 1, 20)  # 41 (seed 42)
     assert len(report["trained"]["sources"]) == 2
+    # the verdict on the learning proof's targets (>= 90 % trained, >= 60 % held out), from those figures
+    assert "target trained >= 90%: met - 95.0% (76/80)" in out
+    assert "target held_out >= 60%: met - 95.0% (19/20)" in out
+
+
+def test_the_report_says_when_a_target_is_not_met(tmp_path) -> None:
+    work = tmp_path / "lp"
+    _eval_run(work / "logs", "eval_all_seed42", failed=set(range(10)) | {40, 41, 42, 43, 44})
+    env = {**os.environ, "LP_EXTRA_SEEDS": ""}
+    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "target trained >= 90%: NOT met - 75.0% (30/40)" in out
+    assert "target held_out >= 60%: NOT met - 50.0% (5/10)" in out

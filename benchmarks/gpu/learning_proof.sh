@@ -13,7 +13,8 @@
 #   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
 #            16 real LIBERO envs; init states 0..49 with policy seed 42, then init states $LP_EXTRA_STATES
 #            (default: 0..49 again) with each seed of $LP_EXTRA_SEEDS
-#   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json;
+#   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json,
+#            and whether each target is met (trained >= 90 %, held out >= 60 %);
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
 #            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4;
 #            toolkits/eval/episode_sheet.py: every failure of those evals, a row of frames each -> $WORK/failures.jpg
@@ -158,7 +159,25 @@ if phase report; then
   add_eval eval_all_seed42 42
   for seed in $EXTRA_SEEDS; do add_eval "eval_extra_seed$seed" "$seed"; done
   first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
-  [ ${#groups[@]} -gt 0 ] && "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
+  if [ ${#groups[@]} -gt 0 ]; then
+    "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
+    # the learning proof's targets (docs/learning_proof.md), one line each: met or not, with the interval
+    "$PY" - "$WORK/report$SUFFIX.json" <<'EOF'
+import json
+import sys
+
+report = json.load(open(sys.argv[1]))
+for group, target in (("trained", 0.90), ("held_out", 0.60)):
+    overall = report.get(group, {}).get("success_once", {}).get("overall")
+    if not overall or not overall["trials"]:
+        print(f"[learning_proof] target {group} >= {target:.0%}: no episodes")
+        continue
+    lo, hi = overall["ci95"]
+    verdict = "met" if overall["rate"] >= target else "NOT met"
+    print(f"[learning_proof] target {group} >= {target:.0%}: {verdict} - {overall['rate']:.1%} "
+          f"({overall['successes']}/{overall['trials']}), Wilson 95 % [{lo:.1%}, {hi:.1%}]")
+EOF
+  fi
   # every failure of every eval run above, a row of frames each (where the policy goes wrong, at a glance)
   if [ ${#eval_runs[@]} -gt 0 ]; then
     "$PY" toolkits/eval/episode_sheet.py "${eval_runs[@]}" --select failures --out "$WORK/failures$SUFFIX.jpg" \
