@@ -20,8 +20,9 @@ from rlinf_cosmos3.paths import REPO_ROOT
 
 @pytest.mark.slow
 def test_record_phase_records_two_varied_demonstrations_of_each_training_state(tmp_path) -> None:
+    """Two tasks (``LP_TASK="0,1"``, one model for several tasks), one training state: four episodes."""
     work = tmp_path / "lp"
-    env = {**os.environ, "LP_TRAIN_STATES": "3", "LP_RECORD_ENVS": "2"}
+    env = {**os.environ, "LP_TASK": "0,1", "LP_TRAIN_STATES": "3", "LP_RECORD_ENVS": "2"}
     env.pop("LP_RECORD_ARGS", None)
     proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "record"], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -29,8 +30,8 @@ def test_record_phase_records_two_varied_demonstrations_of_each_training_state(t
     assert proc.returncode == 0, out[-3000:]
     assert "--approach-jitter 0.03" in out  # the log says which data it records
     episodes = LeRobotDataset("local/learning_proof", root=work / "demos").meta.episodes
-    assert list(episodes["init_state_id"]) == [3, 3]
-    assert sorted(episodes["repeat"]) == [0, 1]
-    assert list(episodes["success"]) == [True, True]
+    assert list(episodes["init_state_id"]) == [3, 3, 3, 3]
+    assert sorted(zip(episodes["task_id"], episodes["repeat"], strict=True)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert list(episodes["success"]) == [True] * 4
     summary = json.loads((work / "record_summary.json").read_text())
-    assert [e["init_state_id"] for e in summary["episodes"]] == [3, 3]
+    assert [e["init_state_id"] for e in summary["episodes"]] == [3] * 4

@@ -17,15 +17,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _eval_run(logs: Path, name: str, failed: set[int]) -> Path:
-    """``logs/<name>/<timestamp>-<config>/results.jsonl``: init states 0-49 of task 0, ``failed`` failing."""
+def _eval_run(logs: Path, name: str, failed: set[int], tasks: dict[int, set[int]] | None = None) -> Path:
+    """``logs/<name>/<timestamp>-<config>/results.jsonl``: init states 0-49 of task 0, ``failed`` failing
+    (or of each task of ``tasks``, its own init states failing)."""
     run = logs / name / "20261204-160034-libero_spatial_cosmos3_eval_small"
     run.mkdir(parents=True)
-    rows = [{"suite": "libero_spatial", "task_id": 0, "trial_id": trial, "success_once": trial not in failed,
-             "success_at_end": trial not in failed, "steps": 220 if trial in failed else 75, "error": None,
+    rows = [{"suite": "libero_spatial", "task_id": task, "trial_id": trial, "success_once": trial not in fails,
+             "success_at_end": trial not in fails, "steps": 220 if trial in fails else 75, "error": None,
              "slot_id": trial % 16, "attempts": 1, "video": None,
-             "object_lift_m": {"akita_black_bowl_1": 0.0 if trial in failed else 0.06}}
-            for trial in range(50)]
+             "object_lift_m": {"akita_black_bowl_1": 0.0 if trial in fails else 0.06}}
+            for task, fails in (tasks or {0: failed}).items() for trial in range(50)]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
@@ -61,3 +62,17 @@ def test_the_report_says_when_a_target_is_not_met(tmp_path) -> None:
     assert proc.returncode == 0, out
     assert "target trained >= 90%: NOT met - 75.0% (30/40)" in out
     assert "target held_out >= 60%: NOT met - 50.0% (5/10)" in out
+
+
+def test_several_tasks_are_judged_on_held_out_states_per_task(tmp_path) -> None:
+    """One model for several tasks (``LP_TASK=0-1``): the goal is >= 50 % on held-out init states for each."""
+    work = tmp_path / "lp"
+    _eval_run(work / "logs", "eval_all_seed42", failed=set(), tasks={0: {3, 41}, 1: {40, 41, 42, 43, 44, 45}})
+    env = {**os.environ, "LP_EXTRA_SEEDS": "", "LP_TASK": "0-1"}
+    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "target held_out task 0 >= 50%: met - 90.0% (9/10)" in out
+    assert "target held_out task 1 >= 50%: NOT met - 40.0% (4/10)" in out
+    assert "target trained" not in out
