@@ -41,6 +41,8 @@ $PY toolkits/cosmos3/make_tiny_model.py --out "$MODEL" --overwrite
 
 CKPTS="$OUT/sft/libero_sft_cosmos3_tiny/checkpoints"
 echo "== 4/6 SFT (2 gloo ranks on CPU) -> $CKPTS"
+# a quickstart run before this one trained another model on other demonstrations: its checkpoints go
+rm -rf "$OUT/sft"
 bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_tiny actor.model.model_path="$MODEL" \
   data.dataset.root="$DATASET" data.dataset.stats_path="$STATS" runner.log_path="$OUT/sft"
 

@@ -105,6 +105,14 @@ def test_retention_and_a_disk_that_fills_up_mid_run(sft_inputs, tmp_path, monkey
     assert [p.name for p in list_checkpoints(root)] == ["global_step_3", "global_step_5"]
     assert "the run resumed from it" in _run_log(tmp_path, "resumed")
 
+    # A new run from scratch into the same directory would save over them: refused before any step is paid for.
+    assert run_sft(_cfg(sft_inputs, tmp_path, "runner.max_steps=5", "runner.save_interval=1"), config_name="again") == 2
+    log = _run_log(tmp_path, "again")
+    assert "already holds complete checkpoints of an earlier run" in log and "global_step_3, global_step_5" in log
+    assert f"runner.resume_dir={root / 'global_step_5'}" in log
+    assert "step 1/5" not in log
+    assert [p.name for p in list_checkpoints(root)] == ["global_step_3", "global_step_5"]
+
 
 # ---------------------------------------------------------------- the start-up check alone (fast)
 

@@ -92,6 +92,25 @@ def require_space_for_save(cfg: SFTConfig, size: CheckpointSize, step: int, *, n
                                    what=f"checkpoint {step_dir_name(step)}, {size.describe_required()}", fix=fix)
 
 
+def check_no_earlier_checkpoint_in_the_way(cfg: SFTConfig, steps: list[int]) -> None:
+    """Refuse a run that would save over an earlier run's complete checkpoint (the save refuses to replace
+    one, so the run would otherwise stop at that save, with the steps before it lost)."""
+    root = checkpoint_root(cfg)
+    existing = list_checkpoints(root)
+    complete = {parse_step(path) for path in existing}
+    taken = [step for step in steps if step in complete]
+    if not taken:
+        return
+    latest = existing[-1]
+    raise ConfigError(
+        "runner.log_path",
+        f"'{root}' already holds complete checkpoints of an earlier run at steps this run saves "
+        f"({', '.join(step_dir_name(s) for s in taken)})",
+        f"continue that run with runner.resume_dir={latest}, or point runner.log_path (or "
+        f"runner.experiment_name) elsewhere, or delete {root} if it is no longer needed",
+    )
+
+
 def preflight(cfg: SFTConfig) -> CheckpointPlan:
     """Before Ray starts: size a checkpoint, refuse if the first save cannot fit, warn about later ones."""
     plan = plan_checkpoints(cfg)
@@ -100,6 +119,7 @@ def preflight(cfg: SFTConfig) -> CheckpointPlan:
     logger.info("one checkpoint takes about %s; this run saves %d more", plan.size.describe(), len(steps))
     if not steps:
         return plan
+    check_no_earlier_checkpoint_in_the_way(cfg, steps)
     free = require_space_for_save(cfg, plan.size, steps[0])
     keep = cfg.runner.max_checkpoints_to_keep
     # New checkpoints on disk at once: all of them, or keep + 1 (a new one is written before the
