@@ -31,15 +31,20 @@ def _eval_run(logs: Path, name: str, failed: set[int], tasks: dict[int, set[int]
     return run
 
 
+def _report(work: Path, **env: str) -> str:
+    """Run the script's report phase on ``work`` as a user would; its output (the phase must succeed)."""
+    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    return out
+
+
 def test_the_report_covers_the_evals_that_exist_and_names_the_missing_seed(tmp_path) -> None:
     work = tmp_path / "lp"
     _eval_run(work / "logs", "eval_all_seed42", failed={2, 7, 41})
     _eval_run(work / "logs", "eval_extra_seed43", failed={7, 13})
-    env = {**os.environ, "LP_EXTRA_SEEDS": "43 44"}
-    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = _report(work, LP_EXTRA_SEEDS="43 44")
     assert "seed 44 is not in the report" in out
     report = json.loads((work / "report.json").read_text())
     trained = report["trained"]["success_once"]["overall"]
@@ -55,11 +60,7 @@ def test_the_report_covers_the_evals_that_exist_and_names_the_missing_seed(tmp_p
 def test_the_report_says_when_a_target_is_not_met(tmp_path) -> None:
     work = tmp_path / "lp"
     _eval_run(work / "logs", "eval_all_seed42", failed=set(range(10)) | {40, 41, 42, 43, 44})
-    env = {**os.environ, "LP_EXTRA_SEEDS": ""}
-    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = _report(work, LP_EXTRA_SEEDS="")
     assert "target trained >= 90%: NOT met - 75.0% (30/40)" in out
     assert "target held_out >= 60%: NOT met - 50.0% (5/10)" in out
 
@@ -68,11 +69,7 @@ def test_several_tasks_are_judged_on_held_out_states_per_task(tmp_path) -> None:
     """One model for several tasks (``LP_TASK=0-1``): the goal is >= 50 % on held-out init states for each."""
     work = tmp_path / "lp"
     _eval_run(work / "logs", "eval_all_seed42", failed=set(), tasks={0: {3, 41}, 1: {40, 41, 42, 43, 44, 45}})
-    env = {**os.environ, "LP_EXTRA_SEEDS": "", "LP_TASK": "0-1"}
-    proc = subprocess.run(["bash", "benchmarks/gpu/learning_proof.sh", str(work), "report"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    out = _report(work, LP_EXTRA_SEEDS="", LP_TASK="0-1")
     assert "target held_out task 0 >= 50%: met - 90.0% (9/10)" in out
     assert "target held_out task 1 >= 50%: NOT met - 40.0% (4/10)" in out
     assert "target trained" not in out

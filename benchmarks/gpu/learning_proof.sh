@@ -25,7 +25,8 @@
 # On the offline GPU device, source benchmarks/gpu/device_env.sh and benchmarks/gpu/libero_env.sh first (they
 # set PYTHONPATH, RLINF_COSMOS3_SGLANG_PYTHON and RLINF_COSMOS3_LIBERO_PYTHON); on a machine with the project's
 # three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
-#   LP_TASK (0; several - "0-3", "0,2" - train one model on those tasks and evaluate each)  LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (3520)  LP_SAVE_INTERVAL (880)
+#   LP_TASK (0; several - "0-3", "0,2" - train one model on those tasks and evaluate each)
+#   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (3520)  LP_SAVE_INTERVAL (880)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
 #   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
