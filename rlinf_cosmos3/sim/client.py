@@ -243,10 +243,12 @@ class LiberoSimProcess:
         return self.request("make", suite=suite, task_id=int(task_id), camera_height=camera_height,
                             camera_width=camera_width, seed=int(seed), horizon=int(horizon), hard_reset=hard_reset)
 
-    def reset(self, init_state_id: int, *, privileged: bool = False) -> Reply:
-        """Reset to LIBERO's fixed init state ``init_state_id``; returns the observation
-        (``main_image``, ``wrist_image``, ``state``, ``task``, ``success``)."""
-        return self.request("reset", init_state_id=int(init_state_id), privileged=privileged)
+    def reset(self, init_state_id: int, *, privileged: bool = False, init_state_task_id: int | None = None) -> Reply:
+        """Reset to LIBERO's fixed init state ``init_state_id`` (of task ``init_state_task_id`` of the suite,
+        when given: an instruction swap); returns the observation (``main_image``, ``wrist_image``,
+        ``state``, ``task``, ``success``)."""
+        extra = {} if init_state_task_id is None else {"init_state_task_id": int(init_state_task_id)}
+        return self.request("reset", init_state_id=int(init_state_id), privileged=privileged, **extra)
 
     def step(self, action: np.ndarray, *, privileged: bool = False) -> Reply:
         """One 7-D OSC_POSE delta action; returns obs plus ``reward``, ``done``, ``success``

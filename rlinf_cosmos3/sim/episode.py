@@ -46,6 +46,8 @@ class EpisodeProgress:
         self.privileged = privileged
         self.phase = Phase.IDLE
         self.suite, self.task_id, self.init_state_id = "", -1, -1
+        self.init_state_task_id: int | None = None
+        """The task whose init states the reset loads; None: ``task_id``'s own (no instruction swap)."""
         self.built: tuple[str, int] | None = None
         """(suite, task) of the environment the process holds; ``make`` only when another is needed."""
         self.in_flight: str | None = None
@@ -55,9 +57,11 @@ class EpisodeProgress:
         self.steps = 0
         """Simulator steps since the reset, settle steps included."""
 
-    def begin(self, suite: str, task_id: int, init_state_id: int) -> None:
-        """Start an episode (or run it again from its start): ``START``, no step run yet."""
+    def begin(self, suite: str, task_id: int, init_state_id: int, init_state_task_id: int | None = None) -> None:
+        """Start an episode (or run it again from its start): ``START``, no step run yet. With
+        ``init_state_task_id`` the reset loads that task's init state ``init_state_id`` into ``task_id``'s env."""
         self.suite, self.task_id, self.init_state_id = suite, task_id, init_state_id
+        self.init_state_task_id = None if init_state_task_id == task_id else init_state_task_id
         self.phase, self.in_flight, self.pending, self.steps = Phase.START, None, NO_ACTIONS, 0
 
     def end(self) -> None:
@@ -78,7 +82,8 @@ class EpisodeProgress:
             proc.send("make", suite=self.suite, task_id=self.task_id, **make_fields)
             self.in_flight = "make"
         else:
-            proc.send("reset", init_state_id=self.init_state_id, privileged=self.privileged)
+            swap = {} if self.init_state_task_id is None else {"init_state_task_id": self.init_state_task_id}
+            proc.send("reset", init_state_id=self.init_state_id, privileged=self.privileged, **swap)
             self.in_flight = "reset"
 
     def send_chunk(self, proc: LiberoSimProcess, **chunk_fields: Any) -> None:

@@ -4,7 +4,8 @@ Reads requests from stdin and writes replies to a private duplicate of the origi
 itself is pointed at stderr so that LIBERO's and robosuite's prints cannot corrupt the channel.
 A request is ``{"cmd": name, **args}`` (arrays as message arrays); the reply carries
 ``ok: true`` plus the command's results (``reset``/``step``/``chunk_step`` add the privileged
-scene state when sent ``privileged: true``), or ``ok: false`` with the error and its traceback (the
+scene state when sent ``privileged: true``; ``reset`` may name ``init_state_task_id``, another task
+of the suite whose init state to load), or ``ok: false`` with the error and its traceback (the
 process stays usable). EOF on stdin, or the ``close`` command, ends the process; so does a broken
 reply pipe. That is how the process follows a parent that died without closing it: the parent's
 end of both pipes closes with it. (No ``PR_SET_PDEATHSIG``: it fires when the *thread* that
@@ -35,6 +36,10 @@ def take_protocol_channel() -> IO[bytes]:
     return channel
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
     def make(m: Message) -> dict[str, Any]:
         f = m.fields
@@ -53,7 +58,8 @@ def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
         "ping": lambda m: {"pid": os.getpid()},
         "echo": lambda m: {**m.fields, **m.arrays, "numpy_version": np.__version__},
         "make": make,
-        "reset": lambda m: with_privileged(m, session.reset(int(m.fields["init_state_id"]))),
+        "reset": lambda m: with_privileged(m, session.reset(int(m.fields["init_state_id"]),
+                                                            _optional_int(m.fields.get("init_state_task_id")))),
         "step": lambda m: with_privileged(m, session.step(m.arrays["action"])),
         "chunk_step": lambda m: with_privileged(m, session.chunk_step(
             m.arrays["actions"], stop_on_success=bool(m.fields.get("stop_on_success", False)),

@@ -34,6 +34,7 @@ class LiberoSession:
 
     def __init__(self) -> None:
         self._env: Any = None
+        self._task_suite: Any = None
         self._init_states: np.ndarray | None = None
         self._task_language = ""
         self._has_reset = False
@@ -67,6 +68,7 @@ class LiberoSession:
             hard_reset=hard_reset,
         )
         self._env.seed(seed)
+        self._task_suite = task_suite
         self._init_states = np.asarray(task_suite.get_task_init_states(task_id))
         # The policy prompt: LIBERO's task.language (what LIBERO's datasets and both reference
         # evaluations use), not the env's BDDL wording ("pick the akita black bowl ...").
@@ -113,14 +115,33 @@ class LiberoSession:
             "state": state.astype(np.float32),
         }
 
-    def reset(self, init_state_id: int) -> dict[str, Any]:
-        """env.reset() then LIBERO's fixed init state number ``init_state_id`` (as LIBERO's eval)."""
-        env = self._require_env()
+    def _init_states_of(self, init_state_task_id: int | None) -> np.ndarray:
+        """The built task's fixed init states, or those of task ``init_state_task_id`` of the same suite
+        (an instruction swap). The caller vouches that both tasks share one scene (``env.eval`` allows
+        swaps in libero_goal only); here only the state vector's length is checked, as one of another
+        length cannot load at all."""
         assert self._init_states is not None
-        if not 0 <= init_state_id < len(self._init_states):
-            raise SessionError(f"init_state_id {init_state_id} out of range ({len(self._init_states)} states)")
+        if init_state_task_id is None or init_state_task_id == self._task_id:
+            return self._init_states
+        num_tasks = self._task_suite.get_num_tasks()
+        if not 0 <= init_state_task_id < num_tasks:
+            raise SessionError(f"init_state_task_id {init_state_task_id} out of range for {self._suite} "
+                               f"({num_tasks} tasks)")
+        states = np.asarray(self._task_suite.get_task_init_states(init_state_task_id))
+        if states.shape[1:] != self._init_states.shape[1:]:
+            raise SessionError(f"task {init_state_task_id}'s init states have shape {states.shape[1:]}, task "
+                               f"{self._task_id}'s {self._init_states.shape[1:]}: not the same scene")
+        return states
+
+    def reset(self, init_state_id: int, init_state_task_id: int | None = None) -> dict[str, Any]:
+        """env.reset() then LIBERO's fixed init state number ``init_state_id`` (as LIBERO's eval) of the
+        built task, or of task ``init_state_task_id`` (instruction swap: the goal stays the built task's)."""
+        env = self._require_env()
+        states = self._init_states_of(init_state_task_id)
+        if not 0 <= init_state_id < len(states):
+            raise SessionError(f"init_state_id {init_state_id} out of range ({len(states)} states)")
         env.reset()
-        raw = env.set_init_state(self._init_states[init_state_id])
+        raw = env.set_init_state(states[init_state_id])
         self._has_reset = True
         self._last_raw = raw
         return {**self.format_obs(raw), "task": self._task_language, "success": bool(env.check_success())}
