@@ -182,6 +182,30 @@ def test_open_loop_steps_outside_the_chunk_are_refused(inputs, tmp_path, value, 
     assert load_eval_config(_raw(inputs, "env.eval.open_loop_steps=8")).env.eval.open_loop_steps == 8
 
 
+def test_an_instruction_swap_outside_one_shared_scene_is_refused_before_ray(inputs, tmp_path) -> None:
+    """The tiny config evaluates libero_spatial task 0: a swap there, or of a task it does not evaluate, is refused."""
+    err = _refused(inputs, "env.eval.init_states_from_task", "share one scene", "++env.eval.init_states_from_task={0:1}")
+    assert "env.eval.suite=libero_goal" in err.fix
+    _refused(inputs, "env.eval.init_states_from_task", r"swaps task\(s\) \[8\], which this run does not evaluate",
+             "env.eval.suite=libero_goal", "++env.eval.init_states_from_task={8:1}")
+    _driver_refuses(inputs, tmp_path, "env.eval.init_states_from_task", "++env.eval.init_states_from_task={0:1}")
+    ok = load_eval_config(_raw(inputs, "env.eval.suite=libero_goal", "env.eval.task_ids=[1,8]",
+                               "++env.eval.init_states_from_task={8:1}", "env.eval.instruction_override=''"))
+    assert ok.env.eval.init_states_from_task == {8: 1} and ok.env.eval.instruction_override == ""
+    # without ++ Hydra cannot set a dict field: the error says how
+    with pytest.raises(ConfigError, match="Hydra cannot set the dict field") as plain:
+        compose_overrides(EvalConfig, CONFIG_DIR, TINY, _overrides(inputs, "env.eval.init_states_from_task={8:1}"))
+    assert plain.value.field == "env.eval.init_states_from_task"
+    assert plain.value.fix == "write '++env.eval.init_states_from_task={8:1}' (++: set or add)"
+
+
+def test_an_instruction_override_with_surrounding_spaces_is_refused(inputs, tmp_path) -> None:
+    err = _refused(inputs, "env.eval.instruction_override", "surrounding spaces or a line break",
+                   "env.eval.instruction_override=' pick up the bowl '")
+    assert "'pick up the bowl'" in err.fix
+    _driver_refuses(inputs, tmp_path, "env.eval.instruction_override", "env.eval.instruction_override=' x'")
+
+
 # ----------------------------------------------------------------------------- environments
 def test_a_missing_simulator_environment_is_refused_before_ray(inputs, tmp_path, monkeypatch) -> None:
     err = _refused(inputs, "env.eval.python", r"simulator interpreter not found at '/no/libero/bin/python'",

@@ -15,7 +15,7 @@ from rlinf_cosmos3.config.env import EnvEvalConfig
 from rlinf_cosmos3.config.libero_suites import SUITE_NUM_TASKS
 from rlinf_cosmos3.sim.client import simulator_env
 from rlinf_cosmos3.workers.env.episodes import eval_episodes
-from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply, task_language
+from rlinf_cosmos3.workers.env.prompts import policy_instruction, prompt_from_make_reply, task_language
 
 
 def test_defaults_follow_the_cosmos_caps_and_all_tasks() -> None:
@@ -116,6 +116,45 @@ def test_invalid_values_name_their_field(kwargs: dict, field: str, text: str) ->
         EnvEvalConfig(**kwargs).validate()
     assert info.value.field == field
     assert text in str(info.value)
+
+
+GOAL = {"suite": "libero_goal"}
+
+
+@pytest.mark.parametrize(("kwargs", "text", "fix"), [
+    ({"init_states_from_task": {1: 0}}, "only the tasks of ['libero_goal'] share one scene", "env.eval.suite=libero_goal"),
+    ({"suites": ["libero_goal", "libero_10"], "init_states_from_task": {1: 0}}, "['libero_goal', 'libero_10']",
+     "env.eval.suites=null"),
+    ({**GOAL, "init_states_from_task": {1: 10}}, "task ids [10] out of range for libero_goal (10 tasks)", "0..9"),
+    ({**GOAL, "init_states_from_task": {-1: 2}}, "task ids [-1] out of range", "0..9"),
+    ({**GOAL, "init_states_from_task": {3: 3}}, "maps task(s) [3] to themselves: no swap", "remove those entries"),
+    ({**GOAL, "task_ids": [0, 1], "init_states_from_task": {8: 1}}, "swaps task(s) [8], which this run does not "
+     "evaluate (env.eval.task_ids=[0, 1])", "add them to env.eval.task_ids"),
+])
+def test_an_instruction_swap_needs_tasks_of_one_shared_scene(kwargs: dict, text: str, fix: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig(**kwargs).validate()
+    assert info.value.field == "env.eval.init_states_from_task"
+    assert text in str(info.value) and fix in (info.value.fix or ""), str(info.value)
+
+
+@pytest.mark.parametrize("text", [" pick up the bowl", "pick up\nthe bowl"])
+def test_an_instruction_override_must_be_the_one_line_that_is_sent(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EnvEvalConfig(instruction_override=text).validate()
+    assert info.value.field == "env.eval.instruction_override" and "surrounding spaces or a line break" in str(info.value)
+    assert "instruction_override='pick up the bowl'" in (info.value.fix or "")
+
+
+def test_swap_and_ablation_options_that_are_valid() -> None:
+    cfg = EnvEvalConfig(**GOAL, task_ids=[1, 8], init_states_from_task={8: 1}, instruction_override="").validate()
+    assert (cfg.init_state_task(8), cfg.init_state_task(1)) == (1, 1)
+    assert EnvEvalConfig(**GOAL, init_states_from_task={8: 1, 3: 1}).validate().init_state_task(3) == 1  # all tasks
+    yaml = OmegaConf.create({**GOAL, "init_states_from_task": {8: 1}, "instruction_override": "do something"})
+    loaded = load_structured(EnvEvalConfig, yaml, root="env.eval").validate()
+    assert loaded.init_states_from_task == {8: 1} and loaded.instruction_override == "do something"
+    assert policy_instruction("put the bowl on the plate", None) == "put the bowl on the plate"
+    assert policy_instruction("put the bowl on the plate", "") == ""
 
 
 def test_pipeline_stage_num_is_validated_under_its_own_name() -> None:

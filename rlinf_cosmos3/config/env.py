@@ -19,6 +19,7 @@ from rlinf_cosmos3.config.base import require
 from rlinf_cosmos3.config.libero_suites import (
     NUM_INIT_STATES,
     NUM_SETTLE_STEPS,
+    SHARED_SCENE_SUITES,
     SUITE_MAX_STEPS,
     SUITE_NUM_TASKS,
 )
@@ -59,6 +60,15 @@ class EnvEvalConfig:
     """The init states to evaluate on every task instead of ``0..trials_per_task-1`` (e.g. held-out
     states ``[40, ..., 49]`` of a policy trained on demonstrations from ``0..39``); overrides
     ``trials_per_task``."""
+    init_states_from_task: dict[int, int] = field(default_factory=dict)
+    """Instruction swap (issue #31): ``{8: 1}`` runs task 8 -- the policy gets task 8's instruction and
+    success is task 8's goal (LIBERO's ``check_success``) -- from task 1's fixed init states instead of its
+    own. Measures whether the policy follows the instruction or replays what the scene suggests. Only for
+    a suite whose tasks share one scene (libero_goal); ``{}``: every task from its own init states."""
+    instruction_override: str | None = None
+    """Instruction ablation: every request carries this text instead of the task's instruction (``""``:
+    none); success is still the task's goal. Measures how much of the success the instruction is
+    responsible for. None: each task's own instruction."""
     total_num_envs: int = 1
     """``E``: simulator processes over all env workers and pipeline stages."""
     num_workers: int = 1
@@ -143,6 +153,10 @@ class EnvEvalConfig:
             return list(self.task_ids)
         return list(range(SUITE_NUM_TASKS[suite or self.resolved_suites()[0]]))
 
+    def init_state_task(self, task_id: int) -> int:
+        """The task whose init states ``task_id``'s episodes start from (itself unless swapped)."""
+        return int(self.init_states_from_task.get(int(task_id), task_id))
+
     def resolved_init_state_ids(self) -> list[int]:
         if self.init_state_ids is not None:
             return [int(i) for i in self.init_state_ids]
@@ -195,6 +209,7 @@ class EnvEvalConfig:
             bad = [i for i in ids if not 0 <= int(i) < NUM_INIT_STATES]
             require(not bad, f"{root}.init_state_ids", f"{bad} out of range (LIBERO has {NUM_INIT_STATES} per task)",
                     f"use ids in 0..{NUM_INIT_STATES - 1}")
+        self._validate_instruction_options(root)
         require(self.total_num_envs >= 1, f"{root}.total_num_envs", f"must be >= 1, got {self.total_num_envs}")
         require(self.num_workers >= 1, f"{root}.num_workers", f"must be >= 1, got {self.num_workers}")
         require(pipeline_stage_num >= 1, stage_field, f"must be >= 1, got {pipeline_stage_num}")
@@ -228,6 +243,35 @@ class EnvEvalConfig:
         require(self.max_episode_retries >= 0, f"{root}.max_episode_retries",
                 f"must be >= 0, got {self.max_episode_retries}")
         return self
+
+    def _validate_instruction_options(self, root: str) -> None:
+        """``init_states_from_task``: tasks of the one shared-scene suite the run evaluates, each key a task
+        the run evaluates; ``instruction_override``: one line, as the adapter sends it (stripped)."""
+        swap = self.init_states_from_task
+        if swap:
+            field_name = f"{root}.init_states_from_task"
+            suites = self.resolved_suites()
+            require(len(suites) == 1 and suites[0] in SHARED_SCENE_SUITES, field_name,
+                    f"swaps init states between tasks of {suites}, but only the tasks of {list(SHARED_SCENE_SUITES)} "
+                    "share one scene (their BDDL files declare the same fixtures, objects and init regions and "
+                    "differ only in the goal and language); another task's init state elsewhere is another scene",
+                    f"evaluate {root}.suite=libero_goal alone ({root}.suites=null), or set {field_name}={{}}")
+            num_tasks = SUITE_NUM_TASKS[suites[0]]
+            bad = sorted({int(t) for pair in swap.items() for t in pair if not 0 <= int(t) < num_tasks})
+            require(not bad, field_name, f"task ids {bad} out of range for {suites[0]} ({num_tasks} tasks)",
+                    f"map task ids in 0..{num_tasks - 1}: {{instructed task: task whose init states it starts from}}")
+            same = sorted(int(t) for t, source in swap.items() if int(t) == int(source))
+            require(not same, field_name, f"maps task(s) {same} to themselves: no swap",
+                    "remove those entries (a task starts from its own init states unless listed)")
+            missing = sorted(int(t) for t in swap if int(t) not in self.resolved_task_ids())
+            require(not missing, field_name, f"swaps task(s) {missing}, which this run does not evaluate "
+                    f"({root}.task_ids={self.resolved_task_ids()})", f"add them to {root}.task_ids, or remove them")
+        text = self.instruction_override
+        if text is not None:
+            require(text == text.strip() and "\n" not in text, f"{root}.instruction_override",
+                    f"{text!r} has surrounding spaces or a line break; the request would carry another text "
+                    "than results.jsonl records", f"write it as one stripped line, e.g. {root}.instruction_override="
+                    f"'{' '.join(text.split())}', or null for each task's own instruction")
 
     def check_interpreter(self, root: str = "env.eval") -> Path:
         """The simulator environment's python must exist before any env worker tries to start one."""

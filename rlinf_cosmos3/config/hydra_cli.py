@@ -74,6 +74,12 @@ def _composition_error(schema: type, err: HydraException, overrides: list[str]) 
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         full_key = str(cause.full_key)
         override = next((o for o in overrides if _key(o) == full_key or _key(o).startswith(full_key + ".")), None)
+        dict_override = next((o for o in overrides if _sets_a_dict(o, full_key)), None)
+        if dict_override is not None:
+            key, _, value = dict_override.partition("=")
+            return ConfigError(key, f"Hydra cannot set the dict field with {dict_override!r}: without ++ it merges "
+                               "key by key into the schema's empty dict, which takes no new key",
+                               f"write '++{key}={value}' (++: set or add)")
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):  # a key the schema does not declare
             return unknown_key_error(schema, full_key, _key(override) if override else full_key,
                                      _lines(cause), given=override)
@@ -85,6 +91,12 @@ def _composition_error(schema: type, err: HydraException, overrides: list[str]) 
     override = next((o for o in overrides if f"'{_key(o)}'" in message), None)
     return ConfigError(_key(override) if override else "<command line>", message,
                        "check the override against the config's YAML and rlinf_cosmos3/config/")
+
+
+def _sets_a_dict(override: str, full_key: str) -> bool:
+    """``a.b={k:v}`` (no ``+``) refused at ``a.b.k``: a dict value for a dict field of the schema."""
+    key, _, value = override.partition("=")
+    return not key.startswith("+") and full_key.rsplit(".", 1)[0] == key and value.lstrip().startswith("{")
 
 
 def _unparsable(overrides: list[str]) -> str | None:

@@ -25,6 +25,11 @@ SUITE_NUM_TASKS: dict[str, int] = {
     "libero_90": 90,
 }
 NUM_INIT_STATES = 50
+# Suites whose tasks all share one scene: their BDDL files declare the same fixtures, objects and init
+# regions and differ only in the goal and the language (libero_goal: one kitchen), so a fixed init state
+# of one task is a valid start for any other (``env.eval.init_states_from_task``). Not libero_spatial or
+# libero_object, whose tasks place the objects in other regions or hold other objects.
+SHARED_SCENE_SUITES: tuple[str, ...] = ("libero_goal",)
 # No-op steps run after a reset so objects settle before the policy acts (LIBERO eval practice).
 NUM_SETTLE_STEPS = 10
 # The no-op command: no motion, gripper open (LIBERO: -1 = open).

@@ -79,6 +79,8 @@ def episode_settings(cfg: EvalConfig) -> dict[str, Any]:
         "env.eval.num_settle_steps": env.num_settle_steps, "env.eval.stop_on_success": env.stop_on_success,
         "env.eval.open_loop_steps": env.open_loop_steps,
         "env.eval.seed": env.seed, "env.eval.image_size": env.image_size,
+        "env.eval.init_states_from_task": {int(t): int(s) for t, s in sorted(env.init_states_from_task.items())},
+        "env.eval.instruction_override": env.instruction_override,
         "rollout.rollout_backend": cfg.rollout.rollout_backend,
     }
     model = cfg.rollout.model

@@ -26,7 +26,14 @@ from tqdm import tqdm
 from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.runners.eval_resume import ResumeState
-from rlinf_cosmos3.runners.eval_summary import EvalSummary, caps_text, summarize, video_entry, write_summary
+from rlinf_cosmos3.runners.eval_summary import (
+    EvalSummary,
+    caps_text,
+    condition_lines,
+    summarize,
+    video_entry,
+    write_summary,
+)
 from rlinf_cosmos3.tracking import ScalarWriter
 from rlinf_cosmos3.workers.env.libero_env_worker import start_env_workers
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
@@ -207,6 +214,8 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
                 else env.resolved_max_episode_steps(), env.num_settle_steps, env.total_num_envs, env.num_workers,
                 cfg.rollout.pipeline_stage_num, env.envs_per_stage(cfg.rollout.pipeline_stage_num),
                 cfg.rollout.rollout_backend)
+    for line in condition_lines(env.init_states_from_task, env.instruction_override):
+        logger.info("%s", line)
     if resume is not None:
         logger.info("resuming %s: %d episodes kept, %d to run (%d of them had ended with an error)", run_dir.root,
                     len(resume.kept), len(resume.remaining), resume.rerun_errors)
@@ -222,11 +231,13 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
             logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
             return 1
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
-                "(%s, cap %s steps) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
+                "(%s, cap %s steps%s) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
                 "%.1f s on simulation",
                 summary.success_once, summary.success_at_end, summary.num_trajectories, summary.num_errors,
-                summary.suite, caps_text(summary.step_cap), summary.wall_time_s, summary.env_steps_per_s,
-                summary.inference_wait_s, summary.sim_wait_s)
+                summary.suite, caps_text(summary.step_cap),
+                "".join(f"; {line}" for line in condition_lines(summary.init_states_from_task,
+                                                                 summary.instruction_override)),
+                summary.wall_time_s, summary.env_steps_per_s, summary.inference_wait_s, summary.sim_wait_s)
     logger.info("results: %s | summary: %s | picture: %s | TensorBoard: tensorboard --logdir %s%s",
                 run_dir.root / "results.jsonl", run_dir.root / "summary.json", run_dir.root / "success.png",
                 run_dir.tensorboard,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,12 @@ class EvalSummary:
     suites: list[str] = field(default_factory=list)
     per_suite: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per suite: its cap, pooled rates with their intervals, and its ``per_task``."""
+    init_states_from_task: dict[str, int] = field(default_factory=dict)
+    """Instruction swap (``env.eval.init_states_from_task``): instructed task -> the task whose init states
+    it started from; ``{}``: none. Each ``per_task`` entry names its ``init_state_task_id`` too."""
+    instruction_override: str | None = None
+    """Instruction ablation: the text every request carried instead of the task's (``per_task``'s
+    ``instruction``); None: each task's own instruction."""
     success_once_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
     success_at_end_ci95: list[float] = field(default_factory=lambda: [0.0, 1.0])
     extra: dict[str, Any] = field(default_factory=dict)
@@ -86,10 +92,23 @@ def rates_entry(results: list[EpisodeResult]) -> dict[str, Any]:
 
 
 def _per_task(results: list[EpisodeResult], key: Callable[[EpisodeResult], Any]) -> dict[Any, dict[str, Any]]:
+    """Rates per task, each with the task whose init states it started from and the instruction it was sent
+    (one of each per task in a run: both are set per task by the config)."""
     groups: dict[Any, list[EpisodeResult]] = defaultdict(list)
     for r in sorted(results, key=lambda r: (r.suite, r.task_id)):
         groups[key(r)].append(r)
-    return {k: rates_entry(rs) for k, rs in groups.items()}
+    return {k: {**rates_entry(rs), "init_state_task_id": rs[0].init_state_task_id, "instruction": rs[0].instruction}
+            for k, rs in groups.items()}
+
+
+def condition_lines(init_states_from_task: Mapping[Any, int], instruction_override: str | None) -> list[str]:
+    """What the run's log says of an instruction swap or ablation (nothing for a plain run)."""
+    lines = [f"instruction swap: task {t} from task {s}'s init states (instruction and goal: task {t}'s)"
+             for t, s in sorted((int(t), int(s)) for t, s in init_states_from_task.items())]
+    if instruction_override is not None:
+        lines.append(f"instruction ablation: every request carried {instruction_override!r} instead of the "
+                     "task's instruction (success: the task's goal)")
+    return lines
 
 
 def video_entry(result: EpisodeResult, run_dir: Path | None) -> str | None:
@@ -161,6 +180,8 @@ def summarize(results: list[EpisodeResult], cfg: EvalConfig, wall_time_s: float,
                 if (v := video_entry(r, run_dir)) is not None],
         suites=suites,
         per_suite=per_suite,
+        init_states_from_task={str(t): int(s) for t, s in sorted(env.init_states_from_task.items())},
+        instruction_override=env.instruction_override,
         success_once_ci95=pooled["success_once_ci95"],
         success_at_end_ci95=pooled["success_at_end_ci95"],
     )
@@ -179,5 +200,7 @@ def write_summary(summary: EvalSummary, results: list[EpisodeResult], run_dir: P
     step_caps = {summary.suites[0]: summary.step_cap} if isinstance(summary.step_cap, int) else summary.step_cap
     logger.info("success rates, Wilson 95 %% intervals (an episode with an error is a failure):\n%s",
                 success_table([r.to_dict() for r in results], step_caps))
+    for line in condition_lines(summary.init_states_from_task, summary.instruction_override):
+        logger.info("%s", line)
     write_success_plot(results, run_dir / "success.png", f"{summary.suite}: success_once, cap "
                        f"{caps_text(summary.step_cap)} steps, {summary.num_trajectories} episodes")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rlinf_cosmos3.tracking.conditions import init_state_task
 from rlinf_cosmos3.tracking.success import SuccessRate, success_by
 
 KEYS = ("success_once", "success_at_end")
@@ -20,8 +21,10 @@ def _rates(rows: list[Mapping[str, Any]]) -> tuple[SuccessRate, SuccessRate]:
     return once, at_end
 
 
-def _task_label(task_id: int, words: str) -> str:
-    label = f"{task_id} {words}".strip()
+def _task_label(task_id: int, words: str, init_state_task_id: int) -> str:
+    """``8 put the bowl ...``, or ``8 from task 1's init states: put the bowl ...`` under a swap."""
+    swap = f" from task {init_state_task_id}'s init states:" if init_state_task_id != task_id else ""
+    label = f"{task_id}{swap} {words}".strip()
     return label if len(label) <= _TASK_WIDTH else label[: _TASK_WIDTH - 3] + "..."
 
 
@@ -30,6 +33,7 @@ def success_table(rows: Iterable[Mapping[str, Any]], step_caps: Mapping[str, int
     rows = list(rows)
     by_task = success_by(rows, lambda r: (str(r.get("suite", "")), int(r["task_id"])))
     words = {(str(r.get("suite", "")), int(r["task_id"])): str(r.get("task_description", "")) for r in rows}
+    starts = {(str(r.get("suite", "")), int(r["task_id"])): init_state_task(r) for r in rows}
     suites = list(dict.fromkeys([*step_caps, *(suite for suite, _ in by_task)]))
     suite_width = max([len("all suites"), *(len(s) for s in suites)])
     head = f"{'suite':<{suite_width}}  {'task':<{_TASK_WIDTH}}  {'success_once':<30}  success_at_end"
@@ -45,7 +49,7 @@ def success_table(rows: Iterable[Mapping[str, Any]], step_caps: Mapping[str, int
             continue
         for (s, task_id) in by_task:
             if s == suite:
-                lines.append(line(suite, _task_label(task_id, words[(s, task_id)]),
+                lines.append(line(suite, _task_label(task_id, words[(s, task_id)], starts[(s, task_id)]),
                                   [r for r in suite_rows if int(r["task_id"]) == task_id]))
         cap = step_caps.get(suite)
         lines.append(line(suite, "all" + (f" (cap {cap} steps)" if cap is not None else ""), suite_rows))

@@ -55,7 +55,9 @@ def validate_eval_config(cfg: EvalConfig, *, check_gpus: bool = True) -> None:
                 f"the replay backend answers from one recorded dataset, of one suite; got {env.resolved_suites()}",
                 "replay one suite per run (env.eval.suite=<the dataset's suite>, env.eval.suites=null)")
         [suite] = env.resolved_suites()
-        pairs = [(t, i) for t in env.resolved_task_ids(suite) for i in env.resolved_init_state_ids()]
+        # the recordings played: from each episode's start (the source task's under a swap)
+        pairs = sorted({(env.init_state_task(t), i) for t in env.resolved_task_ids(suite)
+                        for i in env.resolved_init_state_ids()})
         check_replay(rollout.replay, pairs, suite, env.num_settle_steps)
         return  # no GPU: nothing is served
     if check_gpus:

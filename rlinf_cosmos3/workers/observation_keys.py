@@ -15,6 +15,9 @@ STATES = "states"
 TASK_DESCRIPTIONS = "task_descriptions"
 TASK_IDS = "task_ids"
 TRIAL_IDS = "trial_ids"
+INIT_STATE_TASK_IDS = "init_state_task_ids"
+"""The task whose init state each env started from: its ``TASK_IDS`` entry unless the run swaps init
+states (``env.eval.init_states_from_task``); the ``replay`` backend plays the recording of that start."""
 EPISODE_STEPS = "episode_steps"
 """Policy steps each env's episode has run so far (settle steps not counted): which step of a recorded
 demonstration the observation corresponds to (the ``replay`` rollout backend reads it)."""

@@ -8,6 +8,9 @@ datasets use ``task.language``, so the env worker must too. The simulator bridge
 carries ``task.name`` (the file name without ``.bddl``); ``task.language`` follows from it by
 LIBERO's own rule (``libero.libero.benchmark.grab_language_from_filename``), restated here because
 the main environment cannot import LIBERO. A test checks it against LIBERO for every task.
+
+:func:`policy_instruction` is the one place where an instruction ablation (``env.eval.instruction_override``)
+replaces that description: the env slot prompts with what it returns and records it in results.jsonl.
 """
 
 from __future__ import annotations
@@ -39,3 +42,9 @@ def prompt_from_make_reply(reply: Mapping[str, Any]) -> str:
     if "language" in reply:  # a bridge that reports task.language itself
         return str(reply["language"])
     return task_language(str(reply["task_name"]))
+
+
+def policy_instruction(task_description: str, override: str | None) -> str:
+    """What the policy is prompted with: ``override`` when set (an instruction ablation, ``""`` included),
+    else the task's own description. Success stays the task's goal either way."""
+    return task_description if override is None else override

@@ -31,7 +31,7 @@ from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, S
 from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
 from rlinf_cosmos3.sim.object_lift import ObjectLift
 from rlinf_cosmos3.workers.env.episodes import Episode
-from rlinf_cosmos3.workers.env.prompts import prompt_from_make_reply
+from rlinf_cosmos3.workers.env.prompts import policy_instruction, prompt_from_make_reply
 from rlinf_cosmos3.workers.env.results import EpisodeResult, episode_log_line
 from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
 
@@ -64,7 +64,10 @@ class EnvSlot:
         self.lift = ObjectLift()
         self.episode: Episode | None = None
         self.attempts = 0
+        self.task_description = ""
+        """The built task's own instruction (LIBERO's ``task.language``)."""
         self.prompt = ""
+        """What the policy is sent: ``task_description``, or ``env.eval.instruction_override``."""
         self.obs: dict[str, np.ndarray] = {}
         self.success_once = False
         self.success_at_end = False
@@ -103,6 +106,12 @@ class EnvSlot:
     def policy_steps(self) -> int:
         """Steps of the current episode run on the policy's actions (``steps`` less the settle steps)."""
         return max(0, self.steps - self.cfg.num_settle_steps)
+
+    @property
+    def init_state_task_id(self) -> int:
+        """The task whose init states the current episode starts from (``env.eval.init_states_from_task``)."""
+        assert self.episode is not None
+        return self.cfg.init_state_task(self.episode.task_id)
 
     @property
     def process_id(self) -> int | None:
@@ -204,7 +213,8 @@ class EnvSlot:
         cmd = self.sim.on_reply(reply)
         if cmd == "make":
             self.num_makes += 1
-            self.prompt = prompt_from_make_reply(reply)
+            self.task_description = prompt_from_make_reply(reply)
+            self.prompt = policy_instruction(self.task_description, self.cfg.instruction_override)
             return None  # still START: the reset follows
         self._set_obs(reply)
         self.lift.observe(reply, at_rest=cmd in ("reset", "settle"))
@@ -261,7 +271,8 @@ class EnvSlot:
     def _begin_attempt(self) -> None:
         assert self.episode is not None
         self.attempts += 1
-        self.sim.begin(self.episode.suite, self.episode.task_id, self.episode.trial_id)
+        self.sim.begin(self.episode.suite, self.episode.task_id, self.episode.trial_id,
+                       init_state_task_id=self.init_state_task_id)
         self.success_once = self.success_at_end = False
         self.obs = {}
         self.lift = ObjectLift()
@@ -295,7 +306,8 @@ class EnvSlot:
             success_once=self.success_once if error is None else False,
             success_at_end=self.success_at_end if error is None else False,
             steps=self.steps if error is None else 0, video_path=video_path, error=error,
-            slot_id=self.slot_id, attempts=self.attempts, task_description=self.prompt,
+            slot_id=self.slot_id, attempts=self.attempts, task_description=self.task_description,
+            instruction=self.prompt, init_state_task_id=self.init_state_task_id,
             object_lift_m=self.lift.result() if error is None else None)
         self.num_reported += 1
         logger.log(logging.INFO if error is None else logging.ERROR, "%s", episode_log_line(result))

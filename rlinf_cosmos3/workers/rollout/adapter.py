@@ -35,6 +35,7 @@ from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_7
 from rlinf_cosmos3.models.cosmos3.captions import eval_request_text
 from rlinf_cosmos3.workers.observation_keys import (
     EPISODE_STEPS,
+    INIT_STATE_TASK_IDS,
     MAIN_IMAGES,
     TASK_DESCRIPTIONS,
     TASK_IDS,
@@ -66,8 +67,8 @@ class RequestGroup:
     token_length: int
     """-1 when the envs were not grouped by prompt length."""
     episode: dict[str, tuple[int, ...]] | None = None
-    """Per row: ``task_ids``, ``init_state_ids`` and ``steps`` (policy steps so far), when the
-    observation carried them (the env worker's does)."""
+    """Per row: ``task_ids``, ``init_state_ids``, ``steps`` (policy steps so far) and
+    ``init_state_task_ids``, when the observation carried them (the env worker's does)."""
 
     def __len__(self) -> int:
         return len(self.env_indices)
@@ -223,11 +224,14 @@ class Cosmos3ActionAdapter:
 
 
 def _episode_columns(obs: Mapping[str, Any], n: int) -> dict[str, np.ndarray] | None:
-    """The observation's per-env task id, init state id and policy step, or None if it lacks one."""
+    """The observation's per-env task id, init state id and policy step, or None if it lacks one; the
+    task whose init state it started from too, when the observation names it."""
     if not all(key in obs for key in (TASK_IDS, TRIAL_IDS, EPISODE_STEPS)):
         return None
     columns = {"task_ids": np.asarray(obs[TASK_IDS]), "init_state_ids": np.asarray(obs[TRIAL_IDS]),
                "steps": np.asarray(obs[EPISODE_STEPS])}
+    if INIT_STATE_TASK_IDS in obs:
+        columns["init_state_task_ids"] = np.asarray(obs[INIT_STATE_TASK_IDS])
     if any(len(v) != n for v in columns.values()):
         raise ValueError(f"episode columns {[len(v) for v in columns.values()]} for {n} observations")
     return columns

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 EPISODE_CONTEXT = "episode"
 """Optional payload key: per row the ``task_ids``, ``init_state_ids`` and ``steps`` (policy steps so far)
-of the observation's episode. Added by the adapter only for a backend with ``needs_episode_context``
+of the observation's episode, and ``init_state_task_ids`` (whose init state it started from). Added by the adapter only for a backend with ``needs_episode_context``
 (the model-free ``replay`` backend); SGLang's and the embedded backend's payloads never carry it."""
 
 

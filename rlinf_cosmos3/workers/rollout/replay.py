@@ -16,6 +16,10 @@ for backends that set ``needs_episode_context`` only -- SGLang's payload is unch
 step from the env (rather than counting requests per slot here) stays right when a chunk is cut at
 the cap, an episode is re-run after a simulator crash, or a slot moves on to its next episode.
 
+Under an instruction swap (``env.eval.init_states_from_task``) an episode of task B started from task A's
+init state plays the demonstration recorded from that start, A's: the scene is A's, the instruction and
+the goal judged are B's, so a replay shows whether A's motions satisfy B's goal (they should not).
+
 Past the recorded end an observation gets the last recorded action repeated -- the padding the SFT
 data path trains on (lerobot clamps its windows to the last frame). The recorder's last action is
 its retreat after the release, so the arm keeps drifting up slowly with the gripper open; a
@@ -91,7 +95,9 @@ class ReplayBackend(RolloutBackend):
         if context is None:
             raise ValueError(f"a replay request needs the payload's '{EPISODE_CONTEXT}' context (the adapter adds "
                              "it for backends with needs_episode_context)")
-        tasks, inits, steps = (list(context[k]) for k in ("task_ids", "init_state_ids", "steps"))
+        # Under an instruction swap the recording of the scene's start is played (the source task's).
+        starts = "init_state_task_ids" if "init_state_task_ids" in context else "task_ids"
+        tasks, inits, steps = (list(context[k]) for k in (starts, "init_state_ids", "steps"))
         batch = len(payload_images(payload))
         if not (len(tasks) == len(inits) == len(steps) == batch):
             raise ValueError(f"episode context of {len(tasks)}/{len(inits)}/{len(steps)} rows for {batch} images")
