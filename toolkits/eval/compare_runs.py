@@ -6,7 +6,10 @@ RUN_A is the reference (e.g. yesterday's checkpoint), RUN_B the candidate; each 
 (the ``logs/<timestamp>-<config>`` that ``evaluations/run_eval.sh`` printed, holding results.jsonl). For
 every task both runs evaluated it prints both success rates with their Wilson 95 % intervals, B - A, the
 two-sided Fisher p-value (are they different at all) and the one-sided one (is B worse), then the same
-for all shared tasks pooled. Exit codes: 0 no significant regression, 1 B is worse than A on some task or
+for all shared tasks pooled. Tasks are the instructed ones (success is their goal): a run with an instruction
+ablation or swap (``env.eval.instruction_override`` / ``init_states_from_task``) is compared task by task with a
+plain one, and its conditions are listed -- so ``compare_runs.py INSTRUCTED ABLATED`` gives, per task and
+pooled, the one-sided Fisher p that the ablation lowers the success (column ``p (B worse)``). Exit codes: 0 no significant regression, 1 B is worse than A on some task or
 pooled with one-sided p < --alpha (a CI gate), 2 bad input.
 """
 
@@ -25,7 +28,15 @@ def _line(c: Comparison) -> str:
     return (f"{c.name:<28} {c.a!s:>30} {c.b!s:>30} {c.difference:>+8.1%} {c.p_value:>9.3g} {c.p_worse:>9.3g}")
 
 
+def print_conditions(result: RunComparison) -> None:
+    """Which tasks of each run ran under an instruction swap or ablation (nothing for plain runs)."""
+    for side, conditions in (("A", result.conditions_a), ("B", result.conditions_b)):
+        for cond in conditions.values():
+            print(f"{side} ran {cond.label}")
+
+
 def print_table(result: RunComparison, alpha: float) -> None:
+    print_conditions(result)
     print(f"{'task':<28} {'A':>30} {'B':>30} {'B - A':>8} {'p (2-sided)':>9} {'p (B worse)':>9}")
     for c in result.tasks.values():
         print(_line(c))
@@ -61,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                "alpha": args.alpha, "tasks": [c.to_dict() for c in result.tasks.values()],
                "pooled": result.pooled.to_dict(),
                "only_a": [list(t) for t in result.only_a], "only_b": [list(t) for t in result.only_b],
+               "conditions_a": [c.label for c in result.conditions_a.values()],
+               "conditions_b": [c.label for c in result.conditions_b.values()],
                "regressions": [c.name for c in result.regressions(args.alpha)]}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -11,6 +11,16 @@ Each source also lists its failed init states per task (``success_once`` false; 
 error is a failure), so which states fail under every seed reads off the JSON, and of those the ones
 that never lifted the object the goal moves (``object_lift_m`` of the results: the grasp missed), so
 missed grasps and later failures are counted apart.
+
+Rows of an instruction swap or ablation (issue #31: ``env.eval.init_states_from_task``,
+``env.eval.instruction_override``) are not pooled into their task's row: a group lists them apart under
+``conditions`` (``task 8 from task 1's init states``, ``task 0, instruction ''``), each with its interval.
+``--ablation INSTRUCTED ABLATED`` (two group names) adds the one-sided Fisher exact test that the ablated
+groups' success is lower, per task and pooled (``ablation_test``)::
+
+    .venv/bin/python toolkits/eval/success_report.py --out report.json \
+        --group trained logs/<run>:0-39 --group held_out logs/<run>:40-49 \
+        --group swap logs/<swap run> --group ablated logs/<ablated run>:40-49 --ablation held_out ablated
 """
 
 from __future__ import annotations
@@ -23,8 +33,12 @@ from typing import Any
 
 from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.sim.object_lift import lift_label
+from rlinf_cosmos3.tracking.compare import RunComparison, ablation_comparison
+from rlinf_cosmos3.tracking.conditions import condition
 from rlinf_cosmos3.tracking.results_file import read_results
-from rlinf_cosmos3.tracking.success import overall, success_by_task
+from rlinf_cosmos3.tracking.success import SuccessRate, overall, success_by, success_by_task
+
+KEYS = ("success_once", "success_at_end")
 
 
 def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -51,45 +65,96 @@ def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                   "failed_never_lifted": by_task(never_lifted)}
 
 
-def report(groups: list[tuple[str, str]]) -> dict[str, Any]:
-    """The JSON document: per group, per task and overall success (once and at end) with intervals."""
+def _is_plain(row: dict[str, Any]) -> bool:
+    cond = condition(row)
+    return not (cond.swapped or cond.ablated)
+
+
+def _rates(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Per plain task, per swap/ablation condition, and all rows pooled."""
+    others = [r for r in rows if not _is_plain(r)]
+    named = {c.sort_key: c for c in map(condition, others)}
+    conditions = {named[k]: rate for k, rate in success_by(others, lambda r: condition(r).sort_key, key).items()}
+    return {"tasks": {str(t): r.to_dict() for t, r in success_by_task([r for r in rows if _is_plain(r)], key).items()},
+            "conditions": [{"label": c.label, "task_id": c.task_id, "init_state_task_id": c.init_state_task_id,
+                            "instruction": c.ablated_instruction, **r.to_dict()} for c, r in conditions.items()],
+            "overall": overall(success_by_task(rows, key).values()).to_dict()}
+
+
+def _ablation_doc(names: tuple[str, str], result: RunComparison) -> dict[str, Any]:
+    return {"instructed": names[0], "ablated": names[1], "key": "success_once",
+            "test": "one-sided Fisher exact: the ablated rows succeed less often than the instructed ones",
+            "tasks": [c.to_dict() for c in result.tasks.values()], "pooled": result.pooled.to_dict(),
+            "only_instructed": [list(t) for t in result.only_a], "only_ablated": [list(t) for t in result.only_b]}
+
+
+def report(groups: list[tuple[str, str]], ablation: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The JSON document: per group, per task, per swap/ablation condition and overall success (once and at
+    end) with intervals; with ``ablation`` (instructed group, ablated group) the Fisher test between them."""
     pooled: dict[str, dict[str, Any]] = {}
     for name, spec in groups:
+        if name == "ablation_test":
+            raise ValueError("--group ablation_test: the name is the report's own key for --ablation; pick another")
         rows, source = read_group(spec)
         entry = pooled.setdefault(name, {"rows": [], "sources": []})
         entry["rows"] += rows
         entry["sources"].append(source)
     out: dict[str, Any] = {}
     for name, entry in pooled.items():
-        out[name] = {"sources": entry["sources"]}
-        for key in ("success_once", "success_at_end"):
-            tasks = success_by_task(entry["rows"], key)
-            out[name][key] = {"tasks": {str(t): r.to_dict() for t, r in tasks.items()},
-                              "overall": overall(tasks.values()).to_dict()}
+        out[name] = {"sources": entry["sources"], **{key: _rates(entry["rows"], key) for key in KEYS}}
+    if ablation is not None:
+        unknown = [n for n in ablation if n not in pooled]
+        if unknown:
+            raise ValueError(f"--ablation names group(s) {unknown} that no --group defines ({sorted(pooled)})")
+        if ablation[0] == ablation[1]:
+            raise ValueError(f"--ablation needs two groups, got {ablation[0]!r} twice")
+        result = ablation_comparison(pooled[ablation[0]]["rows"], pooled[ablation[1]]["rows"])
+        out["ablation_test"] = _ablation_doc(ablation, result)
     return out
+
+
+def _print_rate(label: str, rate: dict[str, Any]) -> None:
+    low, high = rate["ci95"]
+    print(f"  {label}: success_once {rate['rate']:6.1%} [{low:5.1%}, {high:5.1%}] ({rate['successes']}/{rate['trials']})")
+
+
+def print_ablation_test(doc: dict[str, Any]) -> None:
+    """The instructed-vs-ablated rows: both rates with intervals, the difference, the one-sided Fisher p."""
+    print(f"ablation test, success_once: {doc['instructed']} (instructed) vs {doc['ablated']} (ablated), "
+          "one-sided Fisher exact p that the ablation lowers the success")
+    for c in [*doc["tasks"], doc["pooled"]]:
+        a, b = (SuccessRate(c[s]["successes"], c[s]["trials"]) for s in ("a", "b"))
+        print(f"  {c['name']:<26} instructed {a!s:<30} ablated {b!s:<30} {c['difference']:+7.1%}  "
+              f"p = {c['p_worse']:.4g}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", nargs=2, action="append", metavar=("NAME", "RUN[:INIT_STATES]"), required=True)
+    parser.add_argument("--ablation", nargs=2, metavar=("INSTRUCTED", "ABLATED"),
+                        help="two group names: one-sided Fisher exact test that ABLATED succeeds less often")
     parser.add_argument("--out", type=Path, help="JSON file to write")
     args = parser.parse_args(argv)
     try:
-        doc = report([tuple(g) for g in args.group])
+        doc = report([tuple(g) for g in args.group], tuple(args.ablation) if args.ablation else None)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, entry in doc.items():
+        if name == "ablation_test":
+            continue
         print(f"{name}: {sum(s['episodes'] for s in entry['sources'])} episodes")
         for task, rate in entry["success_once"]["tasks"].items():
-            low, high = rate["ci95"]
-            print(f"  task {task}: success_once {rate['rate']:6.1%} [{low:5.1%}, {high:5.1%}] "
-                  f"({rate['successes']}/{rate['trials']})")
+            _print_rate(f"task {task}", rate)
+        for rate in entry["success_once"]["conditions"]:
+            _print_rate(rate["label"], rate)
         for source in entry["sources"]:
             for task, ids in source["failed_init_states"].items():
                 missed = source["failed_never_lifted"].get(task, [])
                 print(f"  failed, task {task}, {Path(source['run']).name}: {ids}"
                       + (f" (never lifted the object: {missed})" if missed else ""))
+    if "ablation_test" in doc:
+        print_ablation_test(doc["ablation_test"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
