@@ -126,11 +126,14 @@ def write_success_plot(results: list[EpisodeResult], path: Path, title: str) -> 
     """``success.png`` of the run (per-task success_once with intervals); a failure to draw is logged,
     never raised: results.jsonl and summary.json are already written."""
     words = {(r.suite, r.task_id): r.task_description for r in results}
+    starts = {(r.suite, r.task_id): r.init_state_task_id for r in results}
     several = len({r.suite for r in results}) > 1
     rates = {}
     for (suite, task), rate in success_by([r.to_dict() for r in results], lambda row: (row["suite"], row["task_id"])).items():
         text = words[(suite, task)]
         name = f"{suite.removeprefix('libero_')} task {task}" if several else f"task {task}"
+        if starts[(suite, task)] not in (None, task):  # an instruction swap
+            name += f" from task {starts[(suite, task)]}'s states"
         rates[name + (f": {text[:42]}{'...' if len(text) > 42 else ''}" if text else "")] = rate
     try:
         return plot_success(rates, path, title)
