@@ -40,6 +40,8 @@ def check_record_config(cfg: RecordConfig, camera_storages: tuple[str, ...]) -> 
             "give the number of recorded steps per episode, or leave it unset for the suite's cap")
     require(cfg.num_envs >= 1, "num_envs", f"must be >= 1, got {cfg.num_envs}",
             "give the number of simulator processes to run in parallel (1 per free core)")
+    require(cfg.writer_procs >= 1, "writer_procs", f"must be >= 1, got {cfg.writer_procs}",
+            "give the number of processes that write finished episodes (about 1 per 4 free cores)")
     require(cfg.policy.noise_std >= 0, "policy.noise_std", f"must be >= 0, got {cfg.policy.noise_std}",
             "use 0 (the scripted commands as they are) or a positive standard deviation")
     require(cfg.policy.noise_period >= 1, "policy.noise_period", f"must be >= 1, got {cfg.policy.noise_period}",

@@ -35,6 +35,9 @@ class RecordConfig:
     camera_storage: str = "video"  # "video" (MP4) or "image" (PNG frames in the parquet files)
     policy: ScriptedPolicyConfig = field(default_factory=ScriptedPolicyConfig)
     recorded_action: str = "executed"  # one of RECORDED_ACTIONS
+    writer_procs: int = 1
+    """Processes that write finished episodes (PNG frames, video encode, statistics) while the simulators
+    go on; does not change what is recorded."""
     repeats: int = 1
     """Episodes per (task, init state), each with its own policy seed: distinct demonstrations of one
     start only when the policy draws something (``policy.place_jitter``, ``policy.approach_jitter`` or

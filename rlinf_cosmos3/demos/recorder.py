@@ -8,8 +8,13 @@ Success comes only from the simulator's ``check_success``: ``success`` at the la
 ``success_once`` over all recorded steps. Failed episodes are dropped unless ``keep_failed``.
 
 Several simulator processes (``num_envs``) step in lockstep, each on its own core; finished episodes
-are written one at a time by the main process. Each process goes through an episode as evaluation's env
-slots do (:class:`~rlinf_cosmos3.sim.episode.EpisodeProgress`), one scripted command per step.
+are handed to writer processes (:class:`~rlinf_cosmos3.demos.episode_store.EpisodeStore`), so stepping never
+waits for a video encode. Each process goes through an episode as evaluation's env slots do
+(:class:`~rlinf_cosmos3.sim.episode.EpisodeProgress`), one scripted command per step.
+
+The output appears only complete: episodes collect in ``<out>.partial`` and are joined into ``out`` at the
+end. An interrupted recording (Ctrl-C, a kill, a crash) is continued by running it again with the same
+settings: the episodes already recorded are kept and only the rest are recorded.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3.demos.checks import check_record_config
-from rlinf_cosmos3.demos.lerobot_writer import DemoDatasetWriter, EpisodeRecord
+from rlinf_cosmos3.demos.episode_store import EpisodeStore, job_key, partial_dir
+from rlinf_cosmos3.demos.lerobot_writer import EpisodeRecord
 from rlinf_cosmos3.demos.record_config import RecordConfig
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace, UnsupportedTaskError
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
@@ -49,6 +55,8 @@ class RecordedEpisodeResult:
     regrasps: int
     episode_index: int | None  # index in the dataset, None if dropped
     skipped: str | None = None  # why the task was not attempted (a goal the policy cannot do)
+    repeat: int = 0  # which recording of this task and init state
+    kept: bool = False  # written to the dataset (its index is known once the dataset is complete)
 
 
 @dataclass
@@ -89,11 +97,12 @@ def episode_seed(seed: int, task_id: int, init_state_id: int, repeat: int) -> in
 
 
 class DemoRecorder:
-    """Runs the episodes of a :class:`RecordConfig` and writes the kept ones."""
+    """Runs the episodes of a :class:`RecordConfig` and hands the kept ones to the store."""
 
-    def __init__(self, cfg: RecordConfig, writer: DemoDatasetWriter) -> None:
+    def __init__(self, cfg: RecordConfig, store: EpisodeStore) -> None:
         self.cfg = cfg
-        self.writer = writer
+        self.store = store
+        self.seconds: dict[str, float] = defaultdict(float)  # where the recording loop's time went
         self.max_steps = cfg.resolved_max_steps()
         self.results: list[RecordedEpisodeResult] = []
         self.unsupported: dict[int, str] = {}  # task id -> why the scripted policy cannot do it
@@ -111,7 +120,9 @@ class DemoRecorder:
             sim.send_chunk(slot.proc)
         else:  # READY: the scripted command for this observation, recorded with it, is the next step
             assert ep.policy is not None and ep.obs is not None
+            t0 = time.perf_counter()
             command = ep.policy.act(ep.obs)
+            self.seconds["policy"] += time.perf_counter() - t0
             label = ep.policy.last_clean_action if cfg.recorded_action == "clean" else command
             ep.frames.append((ep.obs["main_image"], ep.obs["wrist_image"], ep.obs["state"], label))
             sim.give(np.asarray(command)[None])
@@ -151,39 +162,45 @@ class DemoRecorder:
 
     def _skip(self, ep: _Episode) -> RecordedEpisodeResult:
         logger.warning("%s task %d init %d: skipped, %s", self.cfg.suite, ep.task_id, ep.init_state_id, ep.skipped)
-        return RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task, success=False,
-                             success_once=False, num_steps=0, seconds=time.monotonic() - ep.started, regrasps=0,
-                             episode_index=None, skipped=ep.skipped)
+        result = RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
+                                       success=False, success_once=False, num_steps=0,
+                                       seconds=time.monotonic() - ep.started, regrasps=0, episode_index=None,
+                                       skipped=ep.skipped, repeat=ep.repeat)
+        self.store.record_dropped(job_key(ep.task_id, ep.init_state_id, ep.repeat), vars(result))
+        return result
 
     def _finish(self, ep: _Episode) -> RecordedEpisodeResult:
-        """Write (or drop) a finished episode and log one line about it."""
+        """Hand a finished episode to the store (or record that it was dropped) and log one line about it."""
         if ep.skipped is not None:
             return self._skip(ep)
         keep = ep.success or self.cfg.keep_failed
-        index = None
-        if keep:
-            for main, wrist, state, command in ep.frames:
-                self.writer.add_frame(main, wrist, state, command, ep.task)
-            index = self.writer.save_episode(EpisodeRecord(
-                success=ep.success, success_once=ep.success_once, suite=self.cfg.suite,
-                task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps,
-                repeat=ep.repeat))
         assert ep.policy is not None
         result = RecordedEpisodeResult(task_id=ep.task_id, init_state_id=ep.init_state_id, task=ep.task,
-                               success=ep.success, success_once=ep.success_once, num_steps=len(ep.frames),
-                               seconds=time.monotonic() - ep.started, regrasps=ep.policy.regrasps,
-                               episode_index=index)
+                                       success=ep.success, success_once=ep.success_once, num_steps=len(ep.frames),
+                                       seconds=time.monotonic() - ep.started, regrasps=ep.policy.regrasps,
+                                       episode_index=None, repeat=ep.repeat, kept=keep)
+        key = job_key(ep.task_id, ep.init_state_id, ep.repeat)
+        t0 = time.perf_counter()
+        if keep:
+            self.store.submit(key, ep.frames, ep.task, EpisodeRecord(
+                success=ep.success, success_once=ep.success_once, suite=self.cfg.suite,
+                task_id=ep.task_id, init_state_id=ep.init_state_id, num_settle_steps=self.cfg.num_settle_steps,
+                repeat=ep.repeat), vars(result))
+        else:
+            self.store.record_dropped(key, vars(result))
+        self.seconds["hand_over"] += time.perf_counter() - t0
         logger.info("%s task %d init %d%s: %s (once %s) in %d steps, %.1fs, regrasps %d, %s",
                     self.cfg.suite, ep.task_id, ep.init_state_id,
                     f" repeat {ep.repeat}" if self.cfg.repeats > 1 else "", "success" if ep.success else "FAILURE",
                     ep.success_once, result.num_steps, result.seconds, result.regrasps,
-                    f"kept as episode {index}" if keep else "dropped")
+                    "kept" if keep else "dropped")
         return result
 
     # ------------------------------------------------------------------ main loop
-    def run(self, procs: Sequence[LiberoSimProcess], progress: Any = None) -> list[RecordedEpisodeResult]:
-        """Record every job on ``procs`` (lockstep); ``progress`` is an optional tqdm bar."""
-        jobs = expand_jobs(self.cfg.task_ids, self.cfg.init_state_ids, self.cfg.repeats)[::-1]
+    def run(self, procs: Sequence[LiberoSimProcess], jobs: Sequence[tuple[int, int, int]],
+            progress: Any = None) -> list[RecordedEpisodeResult]:
+        """Record ``jobs`` (task, init state, repeat) on ``procs`` (lockstep); ``progress``: a tqdm bar."""
+        jobs = list(jobs)[::-1]
         slots = [_RecorderSlot(p, self.cfg.num_settle_steps) for p in procs]
         while True:
             for slot in slots:
@@ -202,7 +219,10 @@ class DemoRecorder:
             for slot in active:
                 self._next_request(slot)
             for slot in active:
-                ended = self._on_reply(slot, slot.proc.recv())
+                t0 = time.perf_counter()
+                reply = slot.proc.recv()
+                self.seconds["simulator_wait"] += time.perf_counter() - t0
+                ended = self._on_reply(slot, reply)
                 if ended:
                     assert slot.episode is not None
                     self._record(self._finish(slot.episode), progress)
@@ -243,29 +263,74 @@ def per_task_summary(results: Sequence[RecordedEpisodeResult]) -> dict[int, dict
     return summary
 
 
-def record_demos(cfg: RecordConfig, show_progress: bool = True) -> list[RecordedEpisodeResult]:
-    """Start ``cfg.num_envs`` simulator processes, record, finalize the dataset, shut down.
+def record_demos(cfg: RecordConfig, show_progress: bool = True,
+                 timings: dict[str, float] | None = None) -> list[RecordedEpisodeResult]:
+    """Start ``cfg.num_envs`` simulator processes, record what ``<out>.partial`` does not hold yet, join
+    every kept episode into ``out``, shut down. Returns one result per job, in job order.
 
-    The dataset is finalized (and every simulator process stopped) also on errors and Ctrl-C, so
-    the episodes saved until then stay readable.
+    On errors and Ctrl-C the simulators are stopped and the episodes finished so far are written into
+    ``<out>.partial`` (``out`` is not created): the same command continues the recording.
+    ``timings``, when given, receives where the time went (seconds: simulator_wait, policy, hand_over,
+    writer_wait, finish_writes, publish, total).
     """
     from tqdm import tqdm
 
-    # Every input, before the writer creates the output and before a simulator starts: a bad one
-    # leaves no partial dataset that the corrected run would refuse as a non-empty out.
+    # Every input, before the store creates a directory and before a simulator starts.
     check_record_config(cfg, CAMERA_STORAGES)
-    jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids, cfg.repeats)
-    writer = DemoDatasetWriter(cfg.out, cfg.repo_id, fps=cfg.fps, image_size=cfg.image_size,
-                               use_videos=cfg.camera_storage == "video")
+    t_start = time.monotonic()
+    all_jobs = expand_jobs(cfg.task_ids, cfg.init_state_ids, cfg.repeats)
+    store = EpisodeStore(cfg, writer_procs=cfg.writer_procs)
+    done = store.open()
+    jobs = [j for j in all_jobs if job_key(*j) not in done]
+    if done:
+        logger.info("continuing the recording in %s: %d of %d episodes were finished before, %d to record",
+                    store.dir, len(all_jobs) - len(jobs), len(all_jobs), len(jobs))
     procs: list[LiberoSimProcess] = []
-    recorder = DemoRecorder(cfg, writer)
+    recorder = DemoRecorder(cfg, store)
+    for outcome in done.values():
+        fields = {k: v for k, v in outcome.result.items() if k in RecordedEpisodeResult.__dataclass_fields__}
+        recorder.results.append(RecordedEpisodeResult(**fields))
+    finished = published = False
+    index: dict[str, int] = {}
+    results: list[RecordedEpisodeResult] = []
     try:
-        for i in range(max(1, min(cfg.num_envs, len(jobs)))):
+        store.start()
+        for i in range(min(cfg.num_envs, len(jobs))):
             procs.append(LiberoSimProcess(name=f"libero-demo-{i}"))
-        with tqdm(total=len(jobs), desc=f"{cfg.suite} demos", unit="ep", disable=not show_progress) as bar:
-            recorder.run(procs, progress=bar)
+        with tqdm(total=len(all_jobs), initial=len(done), desc=f"{cfg.suite} demos", unit="ep",
+                  disable=not show_progress) as bar:
+            recorder.run(procs, jobs, progress=bar)
+        finished = True
+        for proc in procs:
+            proc.close()
+        t0 = time.monotonic()
+        store.drain()
+        recorder.seconds["finish_writes"] = time.monotonic() - t0
+        order = {job: n for n, job in enumerate(all_jobs)}
+        results = sorted(recorder.results, key=lambda r: order[(r.task_id, r.init_state_id, r.repeat)])
+        kept = [job_key(r.task_id, r.init_state_id, r.repeat) for r in results if r.kept]
+        logger.info("joining %d kept episodes into %s", len(kept), cfg.out)
+        t0 = time.monotonic()
+        index = store.publish(kept, {job_key(r.task_id, r.init_state_id, r.repeat): vars(r) for r in results})
+        recorder.seconds["publish"] = time.monotonic() - t0
+        published = True
     finally:
         for proc in procs:
             proc.close()
-        writer.finalize()
-    return recorder.results
+        try:
+            if not finished:
+                store.drain()  # the finished episodes' writes: kept for the next run
+        finally:
+            store.close()
+        if not published:
+            logger.error("recording stopped: the finished episodes are in %s; run the same command again to "
+                         "record the rest", partial_dir(cfg.out))
+    for r in results:
+        r.episode_index = index.get(job_key(r.task_id, r.init_state_id, r.repeat))
+    recorder.seconds["writer_wait"] = store.write_wait_s
+    recorder.seconds["total"] = time.monotonic() - t_start
+    logger.info("recorded %s in %.1f s: %s", cfg.out, recorder.seconds["total"],
+                ", ".join(f"{k} {v:.1f} s" for k, v in recorder.seconds.items() if k != "total"))
+    if timings is not None:
+        timings.update(recorder.seconds)
+    return results

@@ -9,6 +9,10 @@ given as a list (``0 3 7`` or ``0,3,7``) or ranges (``10-19``); a lone id is wri
 ``--keep-failed``; success always comes from the simulator's check_success. ``--camera-storage``
 stores the cameras as MP4 videos (``video``, default) or as PNG image features (``image``); the
 training reader takes both. See docs/simulator.md.
+
+The dataset appears at ``--out`` only when it is complete: finished episodes collect in ``<out>.partial``
+and are joined at the end. An interrupted recording (Ctrl-C, a kill, a crash) is continued by running the
+same command again: it keeps the finished episodes and records the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -28,6 +33,7 @@ from rlinf_cosmos3.config.libero_suites import (
     SUITE_NUM_TASKS,
 )
 from rlinf_cosmos3.demos.checks import check_record_config
+from rlinf_cosmos3.demos.episode_store import partial_dir
 from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS
 from rlinf_cosmos3.demos.recorder import (
     CAMERA_STORAGES,
@@ -46,7 +52,7 @@ FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init
          "policy.noise_std": "--action-noise", "policy.noise_period": "--noise-period",
          "policy.noise_burst": "--noise-burst", "camera_storage": "--camera-storage",
          "recorded_action": "--recorded-action", "policy.place_jitter": "--place-jitter",
-         "policy.approach_jitter": "--approach-jitter", "repeats": "--repeats"}
+         "policy.approach_jitter": "--approach-jitter", "repeats": "--repeats", "writer_procs": "--writers"}
 """RecordConfig field -> the flag that sets it."""
 
 
@@ -85,13 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recorded steps per episode (default: the suite's cap minus the settle steps)")
     p.add_argument("--settle-steps", type=int, default=NUM_SETTLE_STEPS,
                    help="unrecorded no-op steps after each reset (default: %(default)s)")
-    p.add_argument("--out", type=Path, required=True, help="dataset root (must not exist or be empty)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="dataset root (must not exist or be empty); work in progress is kept in <out>.partial")
     p.add_argument("--repo-id", default="local/libero_demos")
     p.add_argument("--camera-storage", choices=CAMERA_STORAGES, default="video",
                    help="cameras as MP4 videos or as lossless PNG image features (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-failed", action="store_true", help="also keep episodes that did not succeed")
     p.add_argument("--num-envs", type=int, default=1, help="simulator processes stepping in parallel")
+    p.add_argument("--writers", type=int, default=None,
+                   help="processes writing finished episodes while the simulators go on (default: one per 4 cores)")
     p.add_argument("--action-noise", type=float, default=0.0,
                    help="std of Gaussian noise added to the policy's motion commands (diversity, recoveries)")
     p.add_argument("--noise-period", type=int, default=1,
@@ -140,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                                     noise_burst=args.noise_burst, place_jitter=args.place_jitter,
                                     approach_jitter=args.approach_jitter),
         repeats=args.repeats,
+        writer_procs=args.writers if args.writers is not None else max(1, (os.cpu_count() or 1) // 4),
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
     )
@@ -154,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C / SIGINT stops the recording and keeps what was saved, also when this was started as a
     # background job (shells start those with SIGINT ignored, and Python then installs no handler).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    timings: dict[str, float] = {}
     try:
-        results = record_demos(cfg, show_progress=not args.no_progress)
+        results = record_demos(cfg, show_progress=not args.no_progress, timings=timings)
     except KeyboardInterrupt:
-        logger.error("interrupted: simulators stopped, episodes saved so far are in %s", cfg.out)
+        logger.error("interrupted: simulators stopped; the finished episodes are in %s - run the same command "
+                     "again to record the rest", partial_dir(cfg.out))
         return 130
     summary = per_task_summary(results)
     print(f"success rate per task ({cfg.suite}, max {cfg.resolved_max_steps()} recorded steps "
@@ -173,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"overall: {success_rate(results):.0%} of {attempted} attempted episodes; {kept} kept in {cfg.out}")
     if args.summary_json is not None:
         args.summary_json.parent.mkdir(parents=True, exist_ok=True)
-        args.summary_json.write_text(json.dumps({"suite": cfg.suite, "per_task": summary,
+        args.summary_json.write_text(json.dumps({"suite": cfg.suite, "per_task": summary, "seconds": timings,
+                                                 "num_envs": cfg.num_envs, "writer_procs": cfg.writer_procs,
                                                  "episodes": [vars(r) for r in results]}, indent=2))
     return 0
 
