@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -212,9 +213,12 @@ def _children_of(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
-    """SIGINT after the first saved episode: exit code 130, no simulator left, and the episodes
-    saved so far form a readable dataset. 20 episodes are asked for (~5 s each), so the recording
-    is still running when the signal lands (with 3, a fast machine finished before it)."""
+    """SIGINT after the first finished episode: exit code 130, no simulator left, nothing at --out (it is
+    not complete), and the finished episodes are in <out>.partial, each a readable one-episode dataset, for
+    the same command to continue (tests/test_record_atomic_resume.py). 20 episodes are asked for (~5 s
+    each), so the recording is still running when the signal lands."""
+    from rlinf_cosmos3.demos.episode_store import partial_dir
+
     out = tmp_path / "ds"
     cli = subprocess.Popen(
         [sys.executable, str(CLI), "--suite", "libero_spatial", "--task-ids", "0", "--init-states", "20",
@@ -225,7 +229,7 @@ def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
         sims: list[int] = []
         for line in cli.stderr:
             sims = sims or _children_of(cli.pid)
-            if "kept as episode 0" in line:
+            if "init 0: " in line and "kept" in line:
                 break
         assert sims, "the recorder started no simulator process"
         cli.send_signal(signal.SIGINT)
@@ -235,12 +239,17 @@ def test_ctrl_c_stops_simulators_and_keeps_saved_episodes(tmp_path) -> None:
             cli.kill()
             cli.wait()
     assert cli.returncode == 130, err[-2000:]
-    assert "interrupted" in err
+    assert "interrupted" in err and "run the same command again" in err
+    deadline = time.monotonic() + 10  # children (simulators, episode writers) see their parent go within moments
+    while any(Path(f"/proc/{pid}").exists() for pid in sims) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in sims:
-        assert not Path(f"/proc/{pid}").exists(), f"simulator {pid} outlived the interrupted recorder"
-    ds = LeRobotDataset("local/interrupted", root=out, video_backend="pyav")
-    assert 1 <= ds.num_episodes < 20
-    assert ds[0][MAIN_IMAGE_KEY].shape == (3, 256, 256)
+        assert not Path(f"/proc/{pid}").exists(), f"child {pid} outlived the interrupted recorder"
+    assert not out.exists()
+    finished = sorted((partial_dir(out) / "episodes").glob("*.json"))
+    assert 1 <= len(finished) < 20
+    ds = LeRobotDataset("local/interrupted", root=finished[0].with_suffix(""), video_backend="pyav")
+    assert ds.num_episodes == 1 and ds[0][MAIN_IMAGE_KEY].shape == (3, 256, 256)
 
 
 @pytest.mark.slow
