@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The learning proof: a Cosmos3 policy trained by this project succeeds in LIBERO. Only the project's own
-# entry points run, in order, on one GPU (one LIBERO task; docs/learning_proof.md):
+# entry points run, in order, on one GPU (one LIBERO task, or one model for several; docs/learning_proof.md):
 #
-#   record   toolkits/libero/record_demos.py: scripted demonstrations of libero_spatial task(s) $LP_TASK on the
+#   record   toolkits/libero/record_demos.py: scripted demonstrations of $LP_SUITE task(s) $LP_TASK on the
 #            training init states ($LP_TRAIN_STATES), two each, every one with its own grasp approach and place
 #            point (--place-jitter 0.03 --approach-jitter 0.03 --repeats 2), real simulator -> LeRobot v3
-#            dataset (skipped when $WORK/demos exists)
+#            dataset (skipped when $WORK/demos exists: a recording appears there only complete; an interrupted
+#            one is continued from $WORK/demos.partial by the next call)
 #   prepare  toolkits/cosmos3/compute_action_stats.py on the training episodes (init states $LP_TRAIN_STATES);
 #            toolkits/cosmos3/make_tiny_model.py --preset small (random init)
 #   train    bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small (latent cache in $WORK/latents)
 #   convert  toolkits/cosmos3/convert_checkpoint.py on the newest checkpoint by step (EMA weights, bf16)
-#   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small: the SGLang server on the GPU,
-#            16 real LIBERO envs; init states 0..49 with policy seed 42, then init states $LP_EXTRA_STATES
-#            (default: 0..49 again) with each seed of $LP_EXTRA_SEEDS
-#   report   toolkits/eval/success_report.py (trained vs held-out, Wilson 95 % intervals) -> $WORK/report.json,
-#            and whether each target is met (one task: trained >= 90 %, held out >= 60 %; several: held out
-#            >= 50 % for each task);
+#   eval     bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small (env.eval.suite=$LP_SUITE): the
+#            SGLang server on the GPU, 16 real LIBERO envs; init states 0..49 with policy seed 42, then init
+#            states $LP_EXTRA_STATES (default: 0..49 again) with each seed of $LP_EXTRA_SEEDS; then the
+#            language controls when asked: each $LP_SWAP pair "B:A" runs task B (its instruction, its goal)
+#            from task A's init states $LP_SWAP_STATES; $LP_ABLATE set runs every task on the held-out
+#            states with that constant instruction instead of its own (e.g. LP_ABLATE="" -> none)
+#   report   toolkits/eval/success_report.py (trained vs held-out, and swapped / ablated when run, Wilson 95 %
+#            intervals) -> $WORK/report.json, and whether each target is met (one task: trained >= 90 %, held
+#            out >= 60 %; several: the suite's targets in docs/learning_proof.md, per task and on average);
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
 #            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4;
 #            toolkits/eval/episode_sheet.py: every failure of those evals, a row of frames each -> $WORK/failures.jpg
@@ -25,8 +29,12 @@
 # On the offline GPU device, source benchmarks/gpu/device_env.sh and benchmarks/gpu/libero_env.sh first (they
 # set PYTHONPATH, RLINF_COSMOS3_SGLANG_PYTHON and RLINF_COSMOS3_LIBERO_PYTHON); on a machine with the project's
 # three environments (requirements/install.sh) nothing else is needed. Knobs (environment):
+#   LP_SUITE (libero_spatial; libero_goal, libero_object: one scene / many objects, for the language proof)
 #   LP_TASK (0; several - "0-3", "0,2" - train one model on those tasks and evaluate each)
-#   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS (3520)  LP_SAVE_INTERVAL (880)
+#   LP_SFT_CONFIG (libero_sft_cosmos3_small; libero_goal_sft_cosmos3_small: the recipe for several goal tasks)
+#   LP_SWAP ("" ; e.g. "1:0 2:0": task 1 and task 2 each from task 0's init states)  LP_SWAP_STATES (0-9)
+#   LP_ABLATE (unset: no ablation; set, even to "", the constant instruction of the ablation eval)
+#   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS, LP_SAVE_INTERVAL (the recipe's: 3520, 880)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
 #   latent cache the first time, and the save + conversion; keep LP_SAVE_INTERVAL < LP_STEPS so a killed
@@ -51,11 +59,15 @@ elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
 else PY="$(command -v python3)"; fi
 export PYTHON="$PY"  # run_vla_sft.sh / run_eval.sh use it
 
+SUITE="${LP_SUITE:-libero_spatial}"
 TASK="${LP_TASK:-0}"
 TRAIN_STATES="${LP_TRAIN_STATES:-0-39}"
 HELD_OUT="${LP_HELD_OUT:-40-49}"
-STEPS="${LP_STEPS:-3520}"
-SAVE_INTERVAL="${LP_SAVE_INTERVAL:-880}"
+SFT_CONFIG="${LP_SFT_CONFIG:-libero_sft_cosmos3_small}"
+recipe() { sed -n "s/^  $1: *\([0-9A-Za-z_]*\).*/\1/p" "examples/sft/config/$SFT_CONFIG.yaml" | head -1; }  # runner.<key>
+[ -f "examples/sft/config/$SFT_CONFIG.yaml" ] || { echo "LP_SFT_CONFIG: no examples/sft/config/$SFT_CONFIG.yaml" >&2; exit 2; }
+STEPS="${LP_STEPS:-$(recipe max_steps)}"
+SAVE_INTERVAL="${LP_SAVE_INTERVAL:-$(recipe save_interval)}"
 RECORD_ARGS="${LP_RECORD_ARGS---place-jitter 0.03 --approach-jitter 0.03 --repeats 2}"  # set but empty: clean demos
 EXTRA_SEEDS="${LP_EXTRA_SEEDS-43 44}"  # set but empty: no extra seeds
 DEMOS="$WORK/demos"
@@ -63,7 +75,7 @@ STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
 MODEL="$WORK/cosmos3_small"
 CONVERTED="$WORK/cosmos3_small_sft"
 LOGS="$WORK/logs"
-CKPTS="$WORK/sft/libero_sft_cosmos3_small/checkpoints"
+CKPTS="$WORK/sft/$(recipe experiment_name)/checkpoints"
 TIMES="$WORK/phase_times.txt"
 
 say() { echo "[learning_proof $(date +%H:%M:%S)] $*"; }
@@ -92,13 +104,13 @@ print(",".join(str(r["episode_index"]) for r in sorted(rows, key=lambda r: r["ep
 EOF
 }
 
-if phase record && [ ! -f "$DEMOS/meta/info.json" ]; then
-  say "recording libero_spatial task(s) $TASK, init states $TRAIN_STATES ($RECORD_ARGS) -> $DEMOS"
+if phase record && [ ! -d "$DEMOS" ]; then
+  say "recording $SUITE task(s) $TASK, init states $TRAIN_STATES ($RECORD_ARGS) -> $DEMOS"
   # ids, never a count: the recorder reads a lone integer N as "the first N" ("7," is init state 7)
   # shellcheck disable=SC2086
   record_states="$(hydra_list $TRAIN_STATES | tr -d '[]'),"
   # shellcheck disable=SC2086
-  timed record "$PY" toolkits/libero/record_demos.py --suite libero_spatial --task-ids $TASK \
+  timed record "$PY" toolkits/libero/record_demos.py --suite "$SUITE" --task-ids $TASK \
     --init-states "$record_states" --out "$DEMOS" --repo-id local/learning_proof --num-envs "${LP_RECORD_ENVS:-16}" \
     --summary-json "$WORK/record_summary.json" --no-progress $RECORD_ARGS
 fi
@@ -117,7 +129,7 @@ fi
 if phase train; then
   say "SFT: $STEPS steps"
   # shellcheck disable=SC2086
-  timed train bash examples/sft/run_vla_sft.sh libero_sft_cosmos3_small \
+  timed train bash examples/sft/run_vla_sft.sh "$SFT_CONFIG" \
     actor.model.model_path="$MODEL" data.dataset.root="$DEMOS" data.dataset.stats_path="$STATS" \
     data.dataset.episodes="[$TRAIN_EPISODES]" data.latent_cache_dir="$WORK/latents" \
     runner.log_path="$WORK/sft" runner.logs_dir="$LOGS/sft" runner.max_steps="$STEPS" \
@@ -133,17 +145,31 @@ if phase convert; then
 fi
 
 SUFFIX="${LP_EVAL_NAME:-}"
-run_eval() {  # run_eval NAME SEED STATES
+run_eval() {  # run_eval NAME SEED STATES TASKS [OVERRIDES...]
+  local name="$1" seed="$2" states="$3" tasks="$4"; shift 4
   # shellcheck disable=SC2086
-  timed "eval_$1$SUFFIX" bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small \
-    rollout.model.model_path="$CONVERTED" rollout.model.action_stats_path="$STATS" rollout.model.seed="$2" \
-    env.eval.task_ids="$(hydra_list $TASK)" env.eval.init_state_ids="$(hydra_list "$3")" \
-    env.eval.total_num_envs="${LP_EVAL_ENVS:-16}" runner.logs_dir="$LOGS/eval_$1$SUFFIX" \
-    ${LP_EVAL_ARGS:-}
+  timed "eval_$name$SUFFIX" bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_small \
+    env.eval.suite="$SUITE" runner.experiment_name="${SUITE}_cosmos3_eval_small" \
+    rollout.model.model_path="$CONVERTED" rollout.model.action_stats_path="$STATS" rollout.model.seed="$seed" \
+    env.eval.task_ids="$(hydra_list $tasks)" env.eval.init_state_ids="$(hydra_list "$states")" \
+    env.eval.total_num_envs="${LP_EVAL_ENVS:-16}" runner.logs_dir="$LOGS/eval_$name$SUFFIX" \
+    "$@" ${LP_EVAL_ARGS:-}
 }
+SWAP_STATES="${LP_SWAP_STATES:-0-9}"
+# "B:A B2:A2" -> the Hydra dict {B:A,B2:A2} and the instructed tasks B,B2
+swap_dict() { local pairs="${LP_SWAP// /,}"; echo "{$pairs}"; }
+swap_tasks() { local p out=""; for p in $LP_SWAP; do out="$out${out:+,}${p%%:*}"; done; echo "$out"; }
 if phase eval; then
-  run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}"
-  for seed in $EXTRA_SEEDS; do run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-${LP_EVAL_STATES:-0-49}}"; done
+  run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}" "$TASK"
+  for seed in $EXTRA_SEEDS; do
+    run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-${LP_EVAL_STATES:-0-49}}" "$TASK"
+  done
+  if [ -n "${LP_SWAP:-}" ]; then  # the same physical starts under another instruction
+    run_eval swap_seed42 42 "$SWAP_STATES" "$(swap_tasks)" "++env.eval.init_states_from_task=$(swap_dict)"
+  fi
+  if [ -n "${LP_ABLATE+set}" ]; then  # every task's held-out episodes with one constant instruction
+    run_eval ablate_seed42 42 "$HELD_OUT" "$TASK" env.eval.instruction_override="'$LP_ABLATE'"
+  fi
 fi
 
 if phase report; then
@@ -161,30 +187,17 @@ if phase report; then
   add_eval eval_all_seed42 42
   for seed in $EXTRA_SEEDS; do add_eval "eval_extra_seed$seed" "$seed"; done
   first=$(latest "$LOGS/eval_all_seed42$SUFFIX")
+  # the language controls: swapped starts, and the held-out episodes under one constant instruction
+  swap_run=$(latest "$LOGS/eval_swap_seed42$SUFFIX")
+  [ -n "$swap_run" ] && { groups+=(--group swap "$swap_run"); eval_runs+=("$swap_run"); }
+  ablate_run=$(latest "$LOGS/eval_ablate_seed42$SUFFIX")
+  if [ -n "$ablate_run" ] && [ ${#groups[@]} -gt 0 ]; then
+    groups+=(--group ablated "$ablate_run:$HELD_OUT" --ablation held_out ablated)
+  fi
   if [ ${#groups[@]} -gt 0 ]; then
     "$PY" toolkits/eval/success_report.py --out "$WORK/report$SUFFIX.json" "${groups[@]}"
     # the learning proof's targets (docs/learning_proof.md), one line each: met or not, with the interval
-    "$PY" - "$WORK/report$SUFFIX.json" <<'EOF'
-import json
-import sys
-
-report = json.load(open(sys.argv[1]))
-tasks = sorted({t for g in report.values() for t in g.get("success_once", {}).get("tasks", {})}, key=int)
-# one task: >= 90 % on its trained init states, >= 60 % held out; several: >= 50 % held out for each task
-targets = [("trained", 0.90, "overall"), ("held_out", 0.60, "overall")] if len(tasks) <= 1 else \
-    [("held_out", 0.50, t) for t in tasks]
-for group, target, which in targets:
-    rates = report.get(group, {}).get("success_once", {})
-    r = rates.get("overall") if which == "overall" else rates.get("tasks", {}).get(which)
-    name = group if which == "overall" else f"{group} task {which}"
-    if not r or not r["trials"]:
-        print(f"[learning_proof] target {name} >= {target:.0%}: no episodes")
-        continue
-    lo, hi = r["ci95"]
-    verdict = "met" if r["rate"] >= target else "NOT met"
-    print(f"[learning_proof] target {name} >= {target:.0%}: {verdict} - {r['rate']:.1%} "
-          f"({r['successes']}/{r['trials']}), Wilson 95 % [{lo:.1%}, {hi:.1%}]")
-EOF
+    "$PY" toolkits/eval/proof_targets.py "$WORK/report$SUFFIX.json" --suite "$SUITE"
   fi
   # every failure of every eval run above, a row of frames each (where the policy goes wrong, at a glance)
   if [ ${#eval_runs[@]} -gt 0 ]; then
