@@ -66,6 +66,9 @@ it: N = layers x 192.9M (one tower per token), T = tokens per step.
         --variants base+nopack,fused+pack+mb2
     # one H200 (~5 min; --time-budget-s skips variants not started by then): 22 layers, bf16, nccl
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu/sft_step.py --out $OUT/sft_step.json
+    # the small recipe's step (libero_sft_cosmos3_small.yaml: every parameter trains, micro-batch 128, EMA)
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu/sft_step.py --preset small --trainable all --global-batch 128 \
+        --variants pack+mb128+ema --warmup 3 --steps 20 --out $OUT/sft_step_small.json
 """
 
 from __future__ import annotations
@@ -898,7 +901,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add = p.add_argument
     add("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    add("--preset", default="nano", choices=["nano", "tiny"], help="architecture of the generated model dir")
+    add("--preset", default="nano", choices=["nano", "small", "tiny"],
+        help="architecture of the generated model dir (small: the learning proof's 7.85M, all its layers)")
     add("--model-dir", type=Path, help="an existing diffusers Cosmos3 dir (configs are enough)")
     add("--layers", help=f"decoder layers, or 'auto' (default: nano {NANO_DEFAULT_LAYERS}, tiny its 2)")
     add("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, see above (default {DEFAULT_VARIANTS})")

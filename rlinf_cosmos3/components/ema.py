@@ -103,11 +103,11 @@ class PowerEMA:
                 f"EMA update needs the number of optimizer steps taken (>= 1), got {global_step}"
             )
         beta = self.beta(global_step)
-        targets = list(self.shadow.values())
-        sources = [_local(p).detach() for p in self._params.values()]
+        # Under no_grad the parameters (local shards) are read as they are: no detach per tensor.
+        sources = [_local(p) for p in self._params.values()]
         sources = [s if s.dtype == torch.float32 else s.float() for s in sources]
-        torch._foreach_mul_(targets, beta)
-        torch._foreach_add_(targets, sources, alpha=1.0 - beta)
+        # One fused pass: shadow + (1 - beta) * (param - shadow); at beta 0 lerp returns the param exactly.
+        torch._foreach_lerp_(list(self.shadow.values()), sources, 1.0 - beta)
 
     def _as_distributed(self, name: str) -> torch.Tensor:
         """The shadow of ``name`` as a DTensor laid out like its parameter (or the plain tensor)."""

@@ -261,21 +261,22 @@ def _global_norm(groups: Mapping[str, list[torch.Tensor]]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_grad_norm(model: nn.Module, max_norm: float, *, force_finite: bool = True) -> float:
-    """Clip all gradients of ``model`` by one global L2 norm and return that (pre-clip) norm.
+def clip_grad_norm_(model: nn.Module, max_norm: float, *, force_finite: bool = True) -> torch.Tensor:
+    """Clip all gradients of ``model`` by one global L2 norm and return that (pre-clip) norm as a 0-d tensor.
 
     Works on plain and FSDP2 (DTensor) gradients: each mesh group's norm is reduced to a plain
-    tensor with ``full_tensor()``, so the returned float is identical on every rank. With
-    ``force_finite`` (the LIBERO recipe's ``grad_clip.force_finite=True``), a non-finite norm
-    zeroes NaN/Inf gradient entries and the norm is measured again, as cosmos-framework does.
-    Returns 0.0 when no parameter has a gradient.
+    tensor with ``full_tensor()``, so the norm is identical on every rank. With ``force_finite`` (the
+    LIBERO recipe's ``grad_clip.force_finite=True``), a non-finite norm zeroes NaN/Inf gradient entries
+    and the norm is measured again, as cosmos-framework does: that check is this function's one host
+    sync (none without ``force_finite``); the norm itself stays on the device. A zero tensor when no
+    parameter has a gradient.
     """
     groups: dict[str, list[torch.Tensor]] = defaultdict(list)
     for param in model.parameters():
         if param.grad is not None:
             groups[_mesh_key(param)].append(param)
     if not groups:
-        return 0.0
+        return torch.zeros(())
     total = _global_norm(groups)
     if force_finite and not bool(torch.isfinite(total)):
         for params in groups.values():
@@ -286,7 +287,12 @@ def clip_grad_norm(model: nn.Module, max_norm: float, *, force_finite: bool = Tr
         logger.warning("non-finite gradients were zeroed before clipping (norm after: %s)", float(total))
     for params in groups.values():
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.to(params[0].device), foreach=True)
-    value = float(total)
+    return total
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float, *, force_finite: bool = True) -> float:
+    """:func:`clip_grad_norm_` with the norm read back as a float (one more host sync)."""
+    value = float(clip_grad_norm_(model, max_norm, force_finite=force_finite))
     if not math.isfinite(value):
         logger.warning("gradient norm is %s", value)
     return value

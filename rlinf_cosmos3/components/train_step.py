@@ -1,12 +1,21 @@
 """One optimizer step of Cosmos3 SFT: what the FSDP worker runs and what the benchmarks time.
 
 Randomness is reproducible on purpose: the flow-matching noise of a sample depends only on
-``(seed, global step, dataset index)`` (:func:`sample_generators`), so resuming, or splitting the same
-global batch over a different number of ranks, draws the same noise.
+``(seed, global step, dataset index)`` (:class:`~rlinf_cosmos3.models.cosmos3.keyed_noise.NoiseKeys`, drawn
+by a counter-based generator on the device), so resuming, or splitting the same global batch over a different
+number of ranks, draws the same noise.
+
+Apart from the caller's ``synchronize`` (the timings), the host waits for the device inside the step once:
+whether the gradient norm is finite (the recipe's ``force_finite`` must know before clipping). Losses stay
+device tensors until the step's end, where they, the norm and the rank average come back in one transfer;
+the noise is drawn on the device and the pack's index tensors are cached there, so no per-sample tensor
+crosses from the host.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,15 +25,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlinf_cosmos3.components.optim import clip_grad_norm
+from rlinf_cosmos3.components.optim import clip_grad_norm_
+from rlinf_cosmos3.models.cosmos3.keyed_noise import NoiseKeys, legacy_sample_seed
 
-_NOISE_SEED_STRIDE = 1_000_003
+logger = logging.getLogger(__name__)
 
 
 def sample_generators(seed: int, global_step: int, indexes: torch.Tensor) -> list[torch.Generator]:
-    """One CPU generator per sample, seeded from (run seed, step, dataset index): rank-split invariant."""
-    base = (seed * _NOISE_SEED_STRIDE + global_step) * _NOISE_SEED_STRIDE
-    return [torch.Generator().manual_seed(base + int(i)) for i in indexes.tolist()]
+    """One CPU generator per sample, seeded from (run seed, step, dataset index): rank-split invariant.
+
+    The generator path of ``Cosmos3Policy.sft_loss`` (tests, FLOP counting); :func:`train_step` uses
+    :class:`NoiseKeys`, which gives every sample's draws in one pass instead of one generator each."""
+    return [torch.Generator().manual_seed(legacy_sample_seed(seed, global_step, int(i))) for i in indexes.tolist()]
 
 
 @dataclass
@@ -65,24 +77,23 @@ def train_step(
     """Zero grads, ``grad_accum_steps`` micro-batches through ``policy.sft_loss`` + backward, clip, step.
 
     ``next_batch`` yields the reader's batches (pixels or cached latents, with their ``index``);
-    ``global_step`` is the step being taken (the noise seeds use it); the LR scheduler and the EMA
+    ``global_step`` is the step being taken (the noise keys use it); the LR scheduler and the EMA
     advance after the optimizer when given. Losses are averaged over micro-batches and ranks.
     """
     t0 = time.perf_counter()
     transformer = policy.transformer
-    device = next(p for p in policy.vae.parameters()).device
-    sums = torch.zeros(3, dtype=torch.float64)
+    sums: torch.Tensor | None = None
     optimizer.zero_grad(set_to_none=True)
     for _ in range(grad_accum_steps):
         batch = next_batch()
-        generators = sample_generators(seed, global_step, batch["index"])
-        loss, parts = policy.sft_loss(batch, generators)
+        loss, parts = policy.sft_loss(batch, NoiseKeys(seed, global_step, batch["index"]))
         (loss / grad_accum_steps).backward()
-        sums += torch.tensor([float(parts["loss"]), float(parts["vision_loss"]), float(parts["action_loss"])],
-                             dtype=torch.float64)
+        step_parts = torch.stack([parts["loss"], parts["vision_loss"], parts["action_loss"]]).double()
+        sums = step_parts if sums is None else sums + step_parts
+    assert sums is not None, "grad_accum_steps must be >= 1"
     synchronize()
     t1 = time.perf_counter()
-    grad_norm = clip_grad_norm(transformer, clip_grad)
+    grad_norm = clip_grad_norm_(transformer, clip_grad)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     if scheduler is not None:
@@ -92,12 +103,14 @@ def train_step(
     synchronize()
     t2 = time.perf_counter()
 
-    sums /= grad_accum_steps
+    sums = sums / grad_accum_steps
     if dist.is_initialized() and dist.get_world_size() > 1:  # on the rank's device: NCCL takes no CPU tensors
-        sums = sums.to(device)
         dist.all_reduce(sums)
-        sums = sums.cpu() / dist.get_world_size()
+        sums = sums / dist.get_world_size()
+    loss_v, vision_v, action_v, norm_v = torch.cat([sums, grad_norm.double().reshape(1).to(sums.device)]).tolist()
+    if not math.isfinite(norm_v):
+        logger.warning("gradient norm is %s", norm_v)
     return StepResult(
-        loss=float(sums[0]), vision_loss=float(sums[1]), action_loss=float(sums[2]), grad_norm=grad_norm, lr=lr,
+        loss=loss_v, vision_loss=vision_v, action_loss=action_v, grad_norm=norm_v, lr=lr,
         forward_backward_s=t1 - t0, optimizer_s=t2 - t1,
     )

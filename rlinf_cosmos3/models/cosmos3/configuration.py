@@ -7,6 +7,7 @@ caption dropout), ``rectified_flow.py`` (``TrainTimeSampler``: how a training si
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,17 +68,37 @@ def sample_sigma(distribution: str, shift: float, generator: torch.Generator | N
     shift ``s t / (1 + (s - 1) t)``).
     """
     device = generator_device(generator)
+    if distribution not in SIGMA_DISTRIBUTIONS:
+        raise ValueError(f"unknown sigma distribution {distribution!r}; choose one of {SIGMA_DISTRIBUTIONS}")
+    if distribution == "logitnormal":
+        draw = torch.randn((1,), generator=generator, device=device)
+    else:
+        draw = torch.rand((1,), dtype=torch.float32, generator=generator, device=device)
+    return sigma_from_draw(distribution, shift, draw)[0]
+
+
+def sigma_from_draw(distribution: str, shift: float, draw: torch.Tensor) -> torch.Tensor:
+    """Training sigmas from float32 draws of any shape: a uniform in [0, 1) (``waver``, ``uniform``) or a
+    standard normal (``logitnormal``), transformed as ``TrainTimeSampler`` does, then shifted.
+
+    The shift is applied in float32 with the constants a float32 tensor would hold (``shift`` rounded, then
+    ``shift - 1`` rounded), so the result does not depend on the draw's device or batch size.
+    """
     if distribution == "waver":
-        u = torch.rand((1,), dtype=torch.float32, generator=generator, device=device)
-        t = 1.0 - u - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * u) ** 2 - 1 + u)
+        t = 1.0 - draw - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * draw) ** 2 - 1 + draw)
     elif distribution == "logitnormal":
-        t = torch.sigmoid(torch.randn((1,), generator=generator, device=device))
+        t = torch.sigmoid(draw)
     elif distribution == "uniform":
-        t = torch.rand((1,), generator=generator, device=device)
+        t = draw
     else:
         raise ValueError(f"unknown sigma distribution {distribution!r}; choose one of {SIGMA_DISTRIBUTIONS}")
-    shift_t = torch.tensor([shift], dtype=torch.float32, device=device)
-    return (shift_t * t / (1 + (shift_t - 1) * t))[0]
+    shift32 = _float32(shift)
+    return shift32 * t / (1 + _float32(shift32 - 1.0) * t)
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 (what a float32 tensor of it holds)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device:

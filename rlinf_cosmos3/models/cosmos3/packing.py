@@ -103,7 +103,7 @@ class DocumentLayout:
             docs = torch.arange(self.num_docs, dtype=torch.int32)
             text = torch.repeat_interleave(docs, torch.tensor(self.text_lengths))
             gen = torch.repeat_interleave(docs, torch.tensor(self.gen_lengths))
-            self._doc_ids[key] = (text.to(device), gen.to(device))
+            self._doc_ids[key] = (text.to(device, non_blocking=True), gen.to(device, non_blocking=True))
         return self._doc_ids[key]
 
 
@@ -115,10 +115,33 @@ def _spans(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
+def _shifted_cat(parts: Sequence[torch.Tensor], shifts: Sequence[int]) -> torch.Tensor:
+    """``cat(parts[i] + shifts[i])`` in three operations whatever the number of parts."""
+    joined = torch.cat(list(parts))
+    counts = torch.tensor([part.numel() for part in parts])
+    return joined + torch.repeat_interleave(torch.tensor(list(shifts), dtype=joined.dtype), counts)
+
+
+POSITION_HALVES = "position_halves"
+"""Optional item key: ``(text, generation)`` halves of the item's ``position_ids``, split once by whoever keeps
+the item (the policy's segment cache), so packing does not slice every sample's positions again."""
+
+
+def position_halves(item: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An item's mRoPE positions split at its ``und_len`` (from :data:`POSITION_HALVES` when it holds them)."""
+    if POSITION_HALVES in item:
+        return item[POSITION_HALVES]
+    length = int(item["und_len"])
+    return item["position_ids"][:, :length], item["position_ids"][:, length:]
+
+
 def pack_layout(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
     """The sequence part of a packed call: text ids, mRoPE positions and every index, re-indexed; and the
     document layout. ``items`` need only the single-sample sequence keys (tokens, timesteps and the
-    per-item lists are left to the caller: :func:`pack_transformer_inputs`, :func:`merge_items`)."""
+    per-item lists are left to the caller: :func:`pack_transformer_inputs`, :func:`merge_items`).
+
+    A constant number of tensor operations whatever the number of items (cats and one shift each), so a
+    micro-batch whose composition is new every step (several tasks, caption dropout) packs cheaply."""
     if not items:
         raise ValueError("nothing to pack")
     if len(items) == 1:
@@ -130,25 +153,20 @@ def pack_layout(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], Docume
     gen_lengths = tuple(int(item["sequence_length"]) - t for item, t in zip(items, text_lengths, strict=True))
     layout = DocumentLayout(text_lengths, gen_lengths)
     und_len = layout.und_len
+    text_starts = [start for start, _ in layout.text_spans()]
+    # sample position p >= its text length -> und_len + (start of its generation block) + (p - text length)
+    gen_shifts = [und_len + start - length for (start, _), length in zip(layout.gen_spans(), text_lengths,
+                                                                          strict=True)]
+    halves = [position_halves(item) for item in items]
     packed: dict[str, Any] = {
         "und_len": und_len,
         "sequence_length": und_len + layout.gen_len,
         "input_ids": torch.cat([item["input_ids"] for item in items]),
+        "text_indexes": _shifted_cat([item["text_indexes"] for item in items], text_starts),
+        "position_ids": torch.cat([text for text, _ in halves] + [gen for _, gen in halves], dim=1),
     }
-    text_indexes, positions_text, positions_gen = [], [], []
-    gen_indexes: dict[str, list[torch.Tensor]] = {key: [] for key in _GEN_INDEX_KEYS}
-    for item, (t0, _), (g0, _), length in zip(items, layout.text_spans(), layout.gen_spans(), text_lengths,
-                                              strict=True):
-        text_indexes.append(item["text_indexes"] + t0)
-        positions_text.append(item["position_ids"][:, :length])
-        positions_gen.append(item["position_ids"][:, length:])
-        shift = und_len + g0 - length  # sample position p >= length -> und_len + g0 + (p - length)
-        for key in _GEN_INDEX_KEYS:
-            gen_indexes[key].append(item[key] + shift)
-    packed["text_indexes"] = torch.cat(text_indexes)
-    packed["position_ids"] = torch.cat(positions_text + positions_gen, dim=1)
-    for key, parts in gen_indexes.items():
-        packed[key] = torch.cat(parts)
+    for key in _GEN_INDEX_KEYS:
+        packed[key] = _shifted_cat([item[key] for item in items], gen_shifts)
     return packed, layout
 
 
@@ -182,28 +200,26 @@ def merge_items(items: Sequence[dict[str, Any]]) -> dict[str, list]:
     """
     if len(items) == 1:
         return {key: list(items[0][key]) for key in _SHAPE_KEYS}
-    vision_shapes, action_shapes, vision_noisy, action_noisy, domains = [], [], [], [], []
-    frames = tokens = 0
-    for item in items:
-        if len(item["vision_token_shapes"]) != 1 or len(item["action_token_shapes"]) != 1:
-            raise ValueError("merge_items takes samples of one vision and one action item each")
-        (t, h, w), (a, *rest) = item["vision_token_shapes"][0], item["action_token_shapes"][0]
-        vision_shapes.append((t, h, w))
-        action_shapes.append((a, *rest))
-        vision_noisy.append(item["vision_noisy_frame_indexes"][0] + frames)
-        action_noisy.append(item["action_noisy_frame_indexes"][0] + tokens)
-        domains.append(item["action_domain_ids"][0])
-        frames, tokens = frames + t, tokens + a
-    if len({shape[1:] for shape in vision_shapes}) != 1 or len({tuple(shape[1:]) for shape in action_shapes}) != 1:
+    if any(len(item["vision_token_shapes"]) != 1 or len(item["action_token_shapes"]) != 1 for item in items):
+        raise ValueError("merge_items takes samples of one vision and one action item each")
+    vision_shapes = [tuple(item["vision_token_shapes"][0]) for item in items]
+    action_shapes = [tuple(item["action_token_shapes"][0]) for item in items]
+    if len({shape[1:] for shape in vision_shapes}) != 1 or len({shape[1:] for shape in action_shapes}) != 1:
         raise ValueError(f"samples of different patch grids cannot share an item: {vision_shapes} / {action_shapes}")
-    if len({int(d.reshape(-1)[0]) for d in domains}) != 1:
+    domains = {id(item["action_domain_ids"][0]): item["action_domain_ids"][0] for item in items}
+    if len({int(d.reshape(-1)[0]) for d in domains.values()}) != 1:  # items of one segment share its tensor
         raise ValueError("samples of different embodiment domains cannot share an action item")
+    frame_starts = [start for start, _ in _spans([shape[0] for shape in vision_shapes])]
+    token_starts = [start for start, _ in _spans([shape[0] for shape in action_shapes])]
+    frames, tokens = sum(shape[0] for shape in vision_shapes), sum(shape[0] for shape in action_shapes)
     return {
         "vision_token_shapes": [(frames, *vision_shapes[0][1:])],
-        "vision_noisy_frame_indexes": [torch.cat(vision_noisy)],
+        "vision_noisy_frame_indexes": [
+            _shifted_cat([item["vision_noisy_frame_indexes"][0] for item in items], frame_starts)],
         "action_token_shapes": [(tokens, *action_shapes[0][1:])],
-        "action_noisy_frame_indexes": [torch.cat(action_noisy)],
-        "action_domain_ids": [domains[0]],
+        "action_noisy_frame_indexes": [
+            _shifted_cat([item["action_noisy_frame_indexes"][0] for item in items], token_starts)],
+        "action_domain_ids": [items[0]["action_domain_ids"][0]],
     }
 
 

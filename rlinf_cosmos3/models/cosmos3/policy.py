@@ -26,6 +26,7 @@ a step's host work no longer grows with the number of samples.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -47,11 +48,28 @@ from rlinf_cosmos3.models.cosmos3.configuration import (
     sample_sigma,
 )
 from rlinf_cosmos3.models.cosmos3.domains import NUM_INFERENCE_STEPS, get_action_domain
-from rlinf_cosmos3.models.cosmos3.flow_matching import NoiseDraw, draw_noise, noise_pack, pack_losses
+from rlinf_cosmos3.models.cosmos3.flow_matching import (
+    NoiseDraw,
+    PackDraws,
+    PackIndex,
+    draw_noise,
+    keyed_draws,
+    noise_pack,
+    pack_index,
+    pack_losses,
+    pack_timesteps,
+)
 from rlinf_cosmos3.models.cosmos3.inference import predict_actions
+from rlinf_cosmos3.models.cosmos3.keyed_noise import NoiseKeys
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 from rlinf_cosmos3.models.cosmos3.packed_attention import install_packed_attention, packed_processor_of
-from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout, merge_items, pack_layout, split_into_packs
+from rlinf_cosmos3.models.cosmos3.packing import (
+    POSITION_HALVES,
+    DocumentLayout,
+    merge_items,
+    pack_layout,
+    split_into_packs,
+)
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
 from rlinf_cosmos3.models.cosmos3.processor import (
     EncodedSample,
@@ -67,6 +85,7 @@ __all__ = [
     "Cosmos3Policy",
     "EncodedSample",
     "NoiseDraw",
+    "NoiseKeys",
     "PolicyConfig",
     "canvas_tier",
     "latent_frame_valid",
@@ -75,6 +94,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_SEGMENT_BOOKKEEPING = ("key", "id", POSITION_HALVES)
+"""Segment entries that are the cache's own, not transformer arguments."""
 
 PACK_CACHE_SIZE = 8
 """Packed sequences kept on the device (least recently used dropped): a single-task run without caption
@@ -115,7 +137,8 @@ class Cosmos3Policy(nn.Module):
         self.processor = PolicyProcessor(self.pipeline, self.cfg, self.domain.raw_action_dim)
         self.attention = install_packed_attention(transformer, self.cfg.attention_backend)
         self._segments: dict[tuple, dict[str, Any]] = {}
-        self._packs: OrderedDict[tuple, tuple[dict[str, Any], DocumentLayout]] = OrderedDict()
+        self._segment_ids = itertools.count()
+        self._packs: OrderedDict[tuple, tuple[dict[str, Any], DocumentLayout, PackIndex]] = OrderedDict()
 
     @classmethod
     def from_pretrained(
@@ -198,11 +221,14 @@ class Cosmos3Policy(nn.Module):
                 self._segments.clear()
             self._segments[key] = {
                 "key": key,
+                "id": next(self._segment_ids),
                 "input_ids": text["input_ids"],
                 "text_indexes": text["text_indexes"],
                 "position_ids": torch.cat(
                     [text["text_mrope_ids"], vision["vision_mrope_ids"], action["action_mrope_ids"]], dim=1
                 ),
+                POSITION_HALVES: (text["text_mrope_ids"],
+                                  torch.cat([vision["vision_mrope_ids"], action["action_mrope_ids"]], dim=1)),
                 "und_len": text["und_len"],
                 "sequence_length": text["und_len"] + vision["num_vision_tokens"] + action["action_len"],
                 "vision_token_shapes": vision["vision_token_shapes"],
@@ -232,7 +258,7 @@ class Cosmos3Policy(nn.Module):
         (``action_timestep``: the action tokens' own, default ``timestep``)."""
         device, dtype = self.device, self.compute_dtype
         seg = self._segments_for(input_ids, tuple(noisy_vision.shape), noisy_action.shape[0])
-        inputs = {k: v for k, v in seg.items() if not k.startswith("num_noisy") and k != "key"}
+        inputs = {k: v for k, v in seg.items() if not k.startswith("num_noisy") and k not in _SEGMENT_BOOKKEEPING}
         inputs["vision_tokens"] = [noisy_vision.to(device=device, dtype=dtype)]
         inputs["vision_timesteps"] = torch.full((seg["num_noisy_vision_tokens"],), timestep, device=device)
         inputs["action_tokens"] = [noisy_action.to(device=device, dtype=dtype)]
@@ -245,60 +271,78 @@ class Cosmos3Policy(nn.Module):
     def sft_loss(
         self,
         batch: Mapping[str, Any],
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | NoiseKeys | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Flow-matching loss of a training batch (``rlinf_cosmos3.data`` layout) and its parts.
 
-        ``generator`` draws sigma, noise and caption dropout: one generator for the whole batch
-        (sample after sample), or one per sample - e.g. seeded from (seed, step, global sample
-        index), which makes the draws independent of how the batch is split over ranks.
+        ``generator`` draws sigma, noise and caption dropout: :class:`NoiseKeys` (what training passes:
+        each sample's draws a function of (run seed, step, dataset index), computed for the whole batch on
+        the device); or one ``torch.Generator`` for the whole batch (sample after sample), or one per
+        sample. Keys and per-sample generators make the draws independent of how the batch is split over
+        ranks. The returned parts are device tensors: reading them is the caller's host sync.
         """
         return self.loss_from_encoded(self.encode_batch(batch, generator), generator)
 
     def loss_from_encoded(
         self,
         samples: Sequence[EncodedSample],
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | NoiseKeys | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of :meth:`sft_loss` on already encoded samples (frozen parts run once, e.g. cached)."""
         if not samples:
             raise ValueError("empty batch")
-        if isinstance(generator, Sequence):
-            if len(generator) != len(samples):
-                raise ValueError(f"{len(generator)} generators for {len(samples)} samples")
-            generators = list(generator)
+        if isinstance(generator, NoiseKeys):
+            keyed = keyed_draws(self.cfg, samples, generator, self.device)
+            dropped = keyed.dropped
         else:
-            generators = [generator] * len(samples)
-        # Draws first, sample after sample, so a shared generator yields the same numbers on both paths.
-        draws = [draw_noise(self.cfg, sample, gen) for sample, gen in zip(samples, generators, strict=True)]
-        cpu = torch.device("cpu")
-        segments = [self._segments_for(s.uncond_input_ids if d.dropped else s.input_ids, tuple(s.x0_vision.shape),
-                                       s.x0_action.shape[0], cpu) for s, d in zip(samples, draws, strict=True)]
+            if isinstance(generator, Sequence):
+                if len(generator) != len(samples):
+                    raise ValueError(f"{len(generator)} generators for {len(samples)} samples")
+                generators = list(generator)
+            else:
+                generators = [generator] * len(samples)
+            # Draws first, sample after sample, so a shared generator yields the same numbers on both paths.
+            draws = [draw_noise(self.cfg, sample, gen) for sample, gen in zip(samples, generators, strict=True)]
+            dropped = [d.dropped for d in draws]
+        segments = self._sample_segments(samples, dropped)
         vision_parts, action_parts = [], []
         for pack in split_into_packs([seg["sequence_length"] for seg in segments], self.cfg.max_tokens_per_pack):
-            vision, action = self._pack_losses([samples[i] for i in pack], [draws[i] for i in pack],
-                                               [segments[i] for i in pack])
+            pack_draws = (keyed.for_pack(pack) if isinstance(generator, NoiseKeys)
+                          else PackDraws.from_draws([draws[i] for i in pack], self.device))
+            vision, action = self._pack_losses([samples[i] for i in pack], pack_draws, [segments[i] for i in pack])
             vision_parts.append(vision)
             action_parts.append(action)
-        vision = torch.cat(vision_parts).mean()
-        action = torch.cat(action_parts).mean()
+        vision = torch.cat(vision_parts).mean() if len(vision_parts) > 1 else vision_parts[0].mean()
+        action = torch.cat(action_parts).mean() if len(action_parts) > 1 else action_parts[0].mean()
         loss = self.cfg.loss_scale * (vision + self.cfg.action_loss_weight * action)
         metrics = {"loss": loss.detach(), "vision_loss": vision.detach(), "action_loss": action.detach()}
         return loss, metrics
 
-    def _pack_losses(self, samples: Sequence[EncodedSample], draws: Sequence[NoiseDraw],
+    def _sample_segments(self, samples: Sequence[EncodedSample], dropped: Sequence[bool]) -> list[dict[str, Any]]:
+        """Each sample's CPU segments (its prompt, or the unconditional one when dropped). Samples of one prompt
+        share its id list (the processor tokenizes a prompt once), so each distinct one is looked up once."""
+        cpu = torch.device("cpu")
+        seen: dict[tuple[int, tuple[int, ...], int], dict[str, Any]] = {}
+        segments = []
+        for sample, drop in zip(samples, dropped, strict=True):
+            ids = sample.uncond_input_ids if drop else sample.input_ids
+            shape = tuple(sample.x0_vision.shape)
+            local = (id(ids), shape, sample.x0_action.shape[0])
+            if local not in seen:
+                seen[local] = self._segments_for(ids, shape, sample.x0_action.shape[0], cpu)
+            segments.append(seen[local])
+        return segments
+
+    def _pack_losses(self, samples: Sequence[EncodedSample], draws: PackDraws,
                      segments: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One transformer call for a pack of samples (one sample: diffusers' own attention); the per-sample
         (vision, action) MSEs. Samples enter as one vision and one action item (:func:`merge_items`)."""
-        raw_dim, dtype, device = self.domain.raw_action_dim, self.compute_dtype, self.device
-        noisy = noise_pack(samples, draws, raw_dim, device)
-        static, layout = self._packed_sequence(segments)
-        vision_t = torch.repeat_interleave(torch.tensor([d.timestep for d in draws], dtype=torch.float32),
-                                           torch.tensor([seg["num_noisy_vision_tokens"] for seg in segments]))
-        action_t = torch.repeat_interleave(torch.tensor([d.action_timestep for d in draws], dtype=torch.float32),
-                                           torch.tensor([seg["num_noisy_action_tokens"] for seg in segments]))
+        raw_dim, dtype = self.domain.raw_action_dim, self.compute_dtype
+        static, layout, index = self._packed_sequence(segments)
+        noisy = noise_pack(samples, draws, index, raw_dim)
         kwargs = {**static, "vision_tokens": [noisy.xt_vision.to(dtype)], "action_tokens": [noisy.xt_action.to(dtype)],
-                  "vision_timesteps": vision_t.to(device), "action_timesteps": action_t.to(device)}
+                  "vision_timesteps": pack_timesteps(draws.sigma, index.vision_timestep_owner),
+                  "action_timesteps": pack_timesteps(draws.sigma_action, index.action_timestep_owner)}
         if len(samples) == 1:
             preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
         else:
@@ -312,21 +356,26 @@ class Cosmos3Policy(nn.Module):
                 preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
         return pack_losses(noisy, preds_v[0], preds_a[0], raw_dim)
 
-    def _packed_sequence(self, segments: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout]:
-        """The packed call's sequence arguments (ids, positions, indexes, merged items) on the device, built
-        on the CPU from the samples' CPU segments and memoised by them (a pack of the same prompts and
-        shapes recurs every step)."""
+    def _packed_sequence(self, segments: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout, PackIndex]:
+        """The packed call's sequence arguments (ids, positions, indexes, merged items) and the pack's
+        :class:`PackIndex` on the device, built on the CPU from the samples' CPU segments and memoised by them
+        (a pack of the same prompts and shapes recurs every step; the key is the segments' ids, cheap to hash)."""
         device = self.device
-        key = (str(device), *(seg["key"] for seg in segments))
-        if key in self._packs:
+        key = (str(device), *(seg["id"] for seg in segments))
+        entry = self._packs.get(key)
+        if entry is not None:
             self._packs.move_to_end(key)
-        else:
-            static, layout = pack_layout(segments)
-            static.update(merge_items(segments))
-            self._packs[key] = ({name: _to_device(value, device) for name, value in static.items()}, layout)
-            while len(self._packs) > PACK_CACHE_SIZE:  # device tensors and block masks: keep a few
-                self._packs.popitem(last=False)
-        return self._packs[key]
+            return entry
+        static, layout = pack_layout(segments)
+        static.update(merge_items(segments))
+        index = pack_index([seg["key"][1] for seg in segments], [seg["key"][2] for seg in segments],
+                           self.domain.raw_action_dim, [seg["num_noisy_vision_tokens"] for seg in segments],
+                           [seg["num_noisy_action_tokens"] for seg in segments])
+        entry = ({name: _to_device(value, device) for name, value in static.items()}, layout, index.to(device))
+        self._packs[key] = entry
+        while len(self._packs) > PACK_CACHE_SIZE:  # device tensors and block masks: keep a few
+            self._packs.popitem(last=False)
+        return entry
 
     # ------------------------------------------------------------------ inference
 
@@ -358,9 +407,9 @@ class Cosmos3Policy(nn.Module):
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    """A tensor, or a list of tensors and shape tuples, on ``device``."""
+    """A tensor, or a list of tensors and shape tuples, on ``device`` (copies from the CPU do not wait for it)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value.to(device, non_blocking=True)
     if isinstance(value, list):
         return [_to_device(v, device) for v in value]
     return value

@@ -22,6 +22,7 @@ import torch
 
 from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_training_caption, paraphrases
 from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
+from rlinf_cosmos3.models.cosmos3.keyed_noise import NoiseKeys
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 
 LATENT_KEY = "x0_vision"
@@ -144,21 +145,24 @@ class PolicyProcessor:
             self._caption_ids[caption] = (list(ids), list(uncond))
         return self._caption_ids[caption]
 
-    def training_caption(self, task: str, idle_frames: int, generator: torch.Generator | None = None,
+    def training_caption(self, task: str, idle_frames: int, generator: torch.Generator | int | None = None,
                          position: int = 0) -> str:
         """NVIDIA's training caption of one sample (``cosmos_framework`` style).
 
         A task with ``" | "`` paraphrases trains on one of them, drawn uniformly (as NVIDIA's
-        ``random.choice``) from a generator seeded by ``generator``'s seed and ``position`` (the
-        sample's place in the batch, when one generator serves the whole batch), so the draw is
-        reproducible per (run seed, step, sample) and never shifts the noise draws.
+        ``random.choice``) from a generator seeded by ``generator``'s seed (or ``generator`` itself, an
+        int seed) and ``position`` (the sample's place in the batch, when one generator serves the whole
+        batch), so the draw is reproducible per (run seed, step, sample) and never shifts the noise draws.
         """
         cfg = self.cfg
         parts = paraphrases(task)
         if len(parts) == 1:
             choice = parts[0]
         else:
-            base = generator.initial_seed() if generator is not None else int(torch.randint(1 << 62, (1,)))
+            if isinstance(generator, int):
+                base = generator
+            else:
+                base = generator.initial_seed() if generator is not None else int(torch.randint(1 << 62, (1,)))
             seed = base ^ _PARAPHRASE_SALT
             draw = torch.Generator().manual_seed((seed + position) % (1 << 63))
             choice = parts[int(torch.randint(len(parts), (1,), generator=draw))]
@@ -166,7 +170,7 @@ class PolicyProcessor:
             choice, idle_frames=idle_frames, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
             fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
 
-    def sample_ids(self, batch: Mapping[str, Any], i: int, generator: torch.Generator | None = None,
+    def sample_ids(self, batch: Mapping[str, Any], i: int, generator: torch.Generator | int | None = None,
                    position: int = 0) -> tuple[list[int], list[int]]:
         """Token ids of sample ``i``'s caption in the configured style (see :meth:`training_caption`)."""
         prompt = batch["prompt"][i]
@@ -232,12 +236,13 @@ class PolicyProcessor:
         self,
         batch: Mapping[str, Any],
         action_dim: int,
-        generators: torch.Generator | Sequence[torch.Generator] | None = None,
+        generators: torch.Generator | Sequence[torch.Generator] | NoiseKeys | None = None,
     ) -> list[EncodedSample]:
         """Tokenize prompts, VAE-encode the 17-frame canvases (or take cached latents), prepare actions.
 
-        ``generators`` (one per sample, or one for all) only seed the ``cosmos_framework`` style's
-        paraphrase draws; they are not consumed.
+        ``generators`` (one per sample, one for all, or the batch's :class:`NoiseKeys`, whose per-sample
+        generator seeds stand in) only seed the ``cosmos_framework`` style's paraphrase draws; they are not
+        consumed.
         """
         cfg = self.cfg
         prompts = batch["prompt"]
@@ -262,29 +267,37 @@ class PolicyProcessor:
                 f"actions {tuple(actions.shape)} != [B, {cfg.action_horizon}, {self.raw_action_dim}]"
             )
         device = self.device
-        if cached:
-            x0 = batch[LATENT_KEY].to(device=device, dtype=torch.float32)
-            frame_valid = batch[LATENT_VALID_KEY].to(device=device, dtype=torch.bool)
+        if cached:  # from the loader's pinned memory on a GPU: the copies need not wait
+            x0 = batch[LATENT_KEY].to(device=device, non_blocking=True).to(torch.float32)
+            frame_valid = batch[LATENT_VALID_KEY].to(device=device, dtype=torch.bool, non_blocking=True)
         else:
             x0, frame_valid = self.encode_pixels(batch)
             x0, frame_valid = x0.float(), frame_valid.to(device)
         if not cfg.mask_padded_frames:
             frame_valid = torch.ones_like(frame_valid)
-        # The batch's actions are prepared where the reader left them (the CPU) and moved once.
+        # The batch's actions are prepared where the reader left them (the CPU) and moved once, without waiting
+        # for the device (a pageable source is staged by the copy call itself).
         x0_actions, actions_valid = prepare_action_batch(actions, batch.get("action_is_pad"), action_dim)
-        x0_actions, actions_valid = x0_actions.to(device), actions_valid.to(device)
+        x0_actions = x0_actions.to(device, non_blocking=True)
+        actions_valid = actions_valid.to(device, non_blocking=True)
         # Per-sample generators (seeded by dataset index) need no position: the draw stays rank-split invariant.
-        shared = not isinstance(generators, Sequence)
+        if isinstance(generators, NoiseKeys):
+            per_sample: Sequence[Any] | None = (generators.sample_seeds() if cfg.caption_style != "diffusers"
+                                                else [None] * len(prompts))
+        else:
+            per_sample = None if not isinstance(generators, Sequence) else generators
         encoded = []
-        for i in range(len(prompts)):
-            generator = generators if shared else generators[i]
-            ids, uncond_ids = self.sample_ids(batch, i, generator, i if shared else 0)
+        # Each sample's views, made by one operation per tensor (not four per sample).
+        views = zip(x0.split(1), frame_valid.unbind(0), x0_actions.unbind(0), actions_valid.unbind(0), strict=True)
+        for i, (x0_i, frame_valid_i, x0_action_i, action_valid_i) in enumerate(views):
+            generator = generators if per_sample is None else per_sample[i]
+            ids, uncond_ids = self.sample_ids(batch, i, generator, i if per_sample is None else 0)
             encoded.append(EncodedSample(
                 input_ids=ids,
                 uncond_input_ids=uncond_ids,
-                x0_vision=x0[i : i + 1],
-                vision_frame_valid=frame_valid[i],
-                x0_action=x0_actions[i],
-                action_valid=actions_valid[i],
+                x0_vision=x0_i,
+                vision_frame_valid=frame_valid_i,
+                x0_action=x0_action_i,
+                action_valid=action_valid_i,
             ))
         return encoded
