@@ -73,3 +73,45 @@ def test_several_tasks_are_judged_on_held_out_states_per_task(tmp_path) -> None:
     assert "target held_out task 0 >= 50%: met - 90.0% (9/10)" in out
     assert "target held_out task 1 >= 50%: NOT met - 40.0% (4/10)" in out
     assert "target trained" not in out
+
+
+def _goal_rows(task: int, trials: range, fails: set[int], *, source: int | None = None,
+               instruction: str | None = None) -> list[dict]:
+    words = {1: "put the bowl on the stove", 4: "put the bowl on top of the cabinet", 8: "put the bowl on the plate"}
+    return [{"suite": "libero_goal", "task_id": task, "trial_id": t, "success_once": t not in fails,
+             "success_at_end": t not in fails, "steps": 300 if t in fails else 110, "error": None, "slot_id": 0,
+             "attempts": 1, "video": None, "task_description": words[task],
+             "instruction": words[task] if instruction is None else instruction,
+             "init_state_task_id": task if source is None else source}
+            for t in trials]
+
+
+def _write_run(logs: Path, name: str, rows: list[dict]) -> None:
+    run = logs / name / "20261205-150000-libero_goal_cosmos3_eval_small"
+    run.mkdir(parents=True)
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_language_proof_report_judges_swap_ablation_and_fisher(tmp_path) -> None:
+    """libero_goal, three bowl tasks: held out 27/30 (each >= 60 %), the swap 8/9 at the instructed goal,
+    the ablated instruction 9/30 (<= 1/3 + 10 points), and instructed > ablated by Fisher's one-sided test
+    (27/30 vs 9/30: p far below 0.01)."""
+    logs = tmp_path / "lp" / "logs"
+    held = range(40, 50)
+    _write_run(logs, "eval_all_seed42", _goal_rows(1, held, {40}) + _goal_rows(4, held, {41}) + _goal_rows(8, held, {42}))
+    _write_run(logs, "eval_swap_seed42", _goal_rows(8, range(3), {1}, source=1) + _goal_rows(1, range(3), set(), source=4)
+               + _goal_rows(4, range(3), set(), source=8))
+    _write_run(logs, "eval_ablate_seed42", _goal_rows(1, held, set(range(40, 47)), instruction="")
+               + _goal_rows(4, held, set(range(40, 47)), instruction="")
+               + _goal_rows(8, held, set(range(40, 47)), instruction=""))
+    out = _report(tmp_path / "lp", LP_SUITE="libero_goal", LP_TASK="1,4,8", LP_EXTRA_SEEDS="",
+                  LP_SWAP="8:1 1:4 4:8", LP_SWAP_STATES="0-2")
+    assert "target held_out (all tasks) >= 80%: met - 90.0% (27/30)" in out
+    assert "target held_out task 4 >= 60%: met - 90.0% (9/10)" in out
+    assert "target swap (instructed goal from another task's init states) >= 70%: met - 88.9% (8/9)" in out
+    assert "target ablated instruction (3 tasks) <= 43%: met - 30.0% (9/30)" in out
+    assert "target instructed > ablated (one-sided Fisher p < 0.01): met" in out
+    report = json.loads((tmp_path / "lp" / "report.json").read_text())
+    assert report["ablation_test"]["pooled"]["p_worse"] < 1e-4
+    labels = {c["label"] for c in report["swap"]["success_once"]["conditions"]}
+    assert any("8 from task 1" in label for label in labels), labels
