@@ -22,7 +22,8 @@ reference recipe, packed micro-batches of cached latents, fused AdamW, EMA) once
 
 The slope between two micro-batch sizes is the per-sample cost, and ``at_micro_batch`` extrapolates to the
 small recipe's 128. On CPU the packed attention runs a per-sample SDPA loop that the GPU's FlexAttention
-replaces; its lines are marked and subtracted in ``ops_per_extra_sample_without_cpu_attention_loop``.
+replaces; its lines (and their backward) are marked and left out of the ``gpu_path`` figures. On CPU the step
+runs in fp32 without FSDP2 (one process, no mesh): a GPU rank's FSDP2 and DTensor work is not in these counts.
 
 ``--baseline REV`` checks REV out into a temporary git worktree and runs this same file there as a child
 process with the worktree's library and ``sft_step.py`` (``PYTHONPATH``), on the same model directory, so
@@ -230,14 +231,22 @@ def measure_step(bench: Any, micro_batch: int, args: argparse.Namespace, workdir
     }
 
 
+def _is_cpu_only(line: str) -> bool:
+    return any(marker in line for marker in CPU_ONLY)
+
+
 def report(counts: dict[int, dict[str, Any]], top: int) -> dict[str, Any]:
-    """Totals per step, per extra sample (the slope between the two sizes), extrapolated to 128 samples."""
+    """Totals per step, per extra sample (the slope between the two sizes), and extrapolated to 128 samples;
+    ``gpu_path`` figures leave out what the CPU-only attention loop dispatched (its FlexAttention calls on a GPU
+    are a few per layer, not counted here)."""
     small, large = sorted(counts)[0], sorted(counts)[-1]
     extra = large - small
     lines = set(counts[small]["ops_by_line"]) | set(counts[large]["ops_by_line"])
     per_sample = {line: (counts[large]["ops_by_line"].get(line, 0) - counts[small]["ops_by_line"].get(line, 0))
                   / extra for line in lines}
-    cpu_only = sum(v for k, v in per_sample.items() if any(m in k for m in CPU_ONLY))
+    for c in counts.values():
+        c["gpu_path_ops"] = c["ops"] - sum(n for line, n in c["ops_by_line"].items() if _is_cpu_only(line))
+        c["gpu_path_calls"] = c["python_calls"] + c["builtin_calls"] - c["calls_in_cpu_attention_loop"]
 
     def slope(key: str) -> float:
         return (counts[large][key] - counts[small][key]) / extra
@@ -249,27 +258,25 @@ def report(counts: dict[int, dict[str, Any]], top: int) -> dict[str, Any]:
         "micro_batches": [small, large],
         "ops_per_step": {mb: c["ops"] for mb, c in counts.items()},
         "ops_per_extra_sample": slope("ops"),
-        "ops_per_extra_sample_without_cpu_attention_loop": slope("ops") - cpu_only,
-        "fixed_ops_per_step": at("ops", 0),
+        "gpu_path_ops_per_step": {mb: c["gpu_path_ops"] for mb, c in counts.items()},
+        "gpu_path_ops_per_extra_sample": slope("gpu_path_ops"),
+        "gpu_path_fixed_ops_per_step": at("gpu_path_ops", 0),
         "python_calls_per_step": {mb: c["python_calls"] for mb, c in counts.items()},
-        "python_calls_per_extra_sample": slope("python_calls"),
-        "calls_per_extra_sample_in_cpu_attention_loop": slope("calls_in_cpu_attention_loop"),
         "builtin_calls_per_step": {mb: c["builtin_calls"] for mb, c in counts.items()},
-        "builtin_calls_per_extra_sample": slope("builtin_calls"),
+        "calls_in_cpu_attention_loop_per_step": {mb: c["calls_in_cpu_attention_loop"] for mb, c in counts.items()},
+        "gpu_path_calls_per_step": {mb: c["gpu_path_calls"] for mb, c in counts.items()},
+        "gpu_path_calls_per_extra_sample": slope("gpu_path_calls"),
         "at_micro_batch": {
             "micro_batch": EXTRAPOLATE_TO,
-            "ops_without_cpu_attention_loop": at("ops", EXTRAPOLATE_TO) - cpu_only * (EXTRAPOLATE_TO - small),
-            "python_and_builtin_calls_without_cpu_attention_loop": (
-                at("python_calls", EXTRAPOLATE_TO) + at("builtin_calls", EXTRAPOLATE_TO)
-                - at("calls_in_cpu_attention_loop", EXTRAPOLATE_TO)),
+            "gpu_path_ops": at("gpu_path_ops", EXTRAPOLATE_TO),
+            "gpu_path_calls": at("gpu_path_calls", EXTRAPOLATE_TO),
         },
         "host_syncs": {mb: sum(c["syncs"].values()) for mb, c in counts.items()},
         "host_syncs_by_line": {mb: c["syncs"] for mb, c in counts.items()},
         "time_s": {mb: c["time_s"] for mb, c in counts.items()},
         "top_lines_per_sample": dict(sorted(per_sample.items(), key=lambda kv: -kv[1])[:top]),
-        "top_lines_per_step": dict(counts[large]["ops_by_line"].most_common(top)
-                                   if isinstance(counts[large]["ops_by_line"], collections.Counter)
-                                   else sorted(counts[large]["ops_by_line"].items(), key=lambda kv: -kv[1])[:top]),
+        "top_lines_per_step": dict(sorted(((line, n) for line, n in counts[large]["ops_by_line"].items()
+                                           if not _is_cpu_only(line)), key=lambda kv: -kv[1])[:top]),
     }
 
 
@@ -319,19 +326,15 @@ def side_by_side(results: dict[str, dict[str, Any]]) -> list[str]:
         (f"ops per step, micro-batch {small}", lambda r: r["ops_per_step"][small]),
         (f"ops per step, micro-batch {large}", lambda r: r["ops_per_step"][large]),
         ("ops per extra sample", lambda r: r["ops_per_extra_sample"]),
-        ("  without the CPU attention loop", lambda r: r["ops_per_extra_sample_without_cpu_attention_loop"]),
-        ("fixed ops per step", lambda r: r["fixed_ops_per_step"]),
+        (f"GPU path: ops per step, micro-batch {large}", lambda r: r["gpu_path_ops_per_step"][large]),
+        ("GPU path: ops per extra sample", lambda r: r["gpu_path_ops_per_extra_sample"]),
+        ("GPU path: fixed ops per step", lambda r: r["gpu_path_fixed_ops_per_step"]),
+        (f"GPU path: ops per step at micro-batch {EXTRAPOLATE_TO}", lambda r: r["at_micro_batch"]["gpu_path_ops"]),
         (f"host syncs per step, micro-batch {large}", lambda r: r["host_syncs"][large]),
         (f"Python calls per step, micro-batch {large}", lambda r: r["python_calls_per_step"][large]),
-        ("Python calls per extra sample", lambda r: r["python_calls_per_extra_sample"]),
-        ("Python + builtin calls per extra sample (GPU attention)",
-         lambda r: r["python_calls_per_extra_sample"] + r["builtin_calls_per_extra_sample"]
-         - r["calls_per_extra_sample_in_cpu_attention_loop"]),
-        (f"at micro-batch {EXTRAPOLATE_TO}: ops (GPU attention)", lambda r: r["at_micro_batch"]["ops_without_cpu_attention_loop"]),
-        ("calls per extra sample in the CPU attention loop",
-         lambda r: r["calls_per_extra_sample_in_cpu_attention_loop"]),
-        (f"at micro-batch {EXTRAPOLATE_TO}: Python + builtin calls (GPU attention)",
-         lambda r: r["at_micro_batch"]["python_and_builtin_calls_without_cpu_attention_loop"]),
+        ("GPU path: Python + builtin calls per extra sample", lambda r: r["gpu_path_calls_per_extra_sample"]),
+        (f"GPU path: Python + builtin calls at micro-batch {EXTRAPOLATE_TO}",
+         lambda r: r["at_micro_batch"]["gpu_path_calls"]),
     ]
     for key in ("step_s", "loss_before_transformer_s", "transformer_forward_s", "loss_after_transformer_s",
                 "backward_s", "optimizer_s"):
@@ -371,8 +374,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bench-dir", type=Path, default=REPO / "benchmarks" / "gpu", help=argparse.SUPPRESS)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.micro_batches[0] >= args.micro_batches[1]:
-        p.error("--micro-batches SMALL LARGE needs SMALL < LARGE")
+    if not 2 <= args.micro_batches[0] < args.micro_batches[1]:
+        p.error("--micro-batches SMALL LARGE needs 2 <= SMALL < LARGE (one sample takes diffusers' own attention, "
+                "not the packed path)")
     if args.timed < 1:
         p.error("--timed must be >= 1")
     with tempfile.TemporaryDirectory(prefix="sft_op_count_model_") as tmp:
@@ -391,10 +395,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["this tree"] = run_here(args)
     current = results["this tree"]
     print(f"ops per step {current['ops_per_step']}; per extra sample {current['ops_per_extra_sample']:.0f} "
-          f"({current['ops_per_extra_sample_without_cpu_attention_loop']:.0f} without the CPU attention loop); "
-          f"fixed {current['fixed_ops_per_step']:.0f}")
+          f"({current['gpu_path_ops_per_extra_sample']:.0f} without the CPU attention loop); "
+          f"fixed {current['gpu_path_fixed_ops_per_step']:.0f} without it")
     for line, n in current["top_lines_per_sample"].items():
-        print(f"{n:8.1f} per sample  {line}{'  (CPU attention loop)' if any(m in line for m in CPU_ONLY) else ''}")
+        print(f"{n:8.1f} per sample  {line}{'  (CPU attention loop)' if _is_cpu_only(line) else ''}")
     for line, n in current["top_lines_per_step"].items():
         print(f"{n:8d} per step    {line}")
     for mb, syncs in current["host_syncs_by_line"].items():
