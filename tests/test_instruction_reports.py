@@ -188,3 +188,50 @@ def test_the_replay_backend_plays_the_recording_of_the_swapped_start(tmp_path) -
     with pytest.raises(KeyError, match="task 1, init state 0"):  # without the column: task 1's own start
         asyncio.run(Cosmos3ActionAdapter(model, 8).predict({k: v for k, v in obs.items()
                                                              if k != "init_state_task_ids"}, backend))
+
+
+def _lifting(task: int, trials: range, lifts: int, successes: int, **kw) -> list[dict]:
+    """The first ``lifts`` trials pick the bowl up 12 cm, the rest leave it on the table; the first
+    ``successes`` (<= lifts) succeed."""
+    rows = _episodes(task, trials, successes, **kw)
+    for i, row in enumerate(rows):
+        row["object_lift_m"] = {"akita_black_bowl_1": 0.12 if i < lifts else 0.004}
+    return rows
+
+
+def test_after_a_lift_the_instruction_decides_where_the_object_goes(tmp_path) -> None:
+    """Grasping is the same skill under any instruction: the report counts the episodes that lifted the
+    object and, of those, the ones that reached the goal, and runs the Fisher test on the lifted ones only.
+    Instructed 6 of 8 lifted vs ablated 1 of 8 lifted: P(X >= 6) with margins 7 successes of 16, 8 drawn
+    = (C(7,6) C(9,2) + C(7,7) C(9,1)) / C(16,8) = 261 / 12870."""
+    assert comb(7, 6) * comb(9, 2) + comb(9, 1) == 261 and comb(16, 8) == 12870
+    instructed = _run(tmp_path / "i", _lifting(0, range(40, 50), 8, 6))
+    ablated = _run(tmp_path / "a", _lifting(0, range(40, 50), 8, 1, instruction=""))
+    out = tmp_path / "report.json"
+    rc, printed, err = _main("toolkits/eval/success_report.py", "--group", "held_out", str(instructed),
+                             "--group", "ablated", str(ablated), "--ablation", "held_out", "ablated",
+                             "--out", str(out))
+    assert rc == 0, err
+    doc = json.loads(out.read_text())
+    [plain] = doc["held_out"]["after_lift"]["conditions"]
+    assert (plain["label"], plain["measured"], plain["lifted"]) == ("libero_goal task 0", 10, 8)
+    assert plain["success_given_lifted"]["successes"] == 6
+    assert doc["ablated"]["after_lift"]["overall"]["success_given_lifted"]["successes"] == 1
+    # all of task 0's successes lifted the bowl, so the overall test and the lifted-only one differ in trials
+    assert doc["ablation_test"]["pooled"]["a"]["trials"] == 10
+    lifted = doc["ablation_test_lifted"]["pooled"]
+    assert (lifted["a"]["trials"], lifted["b"]["trials"]) == (8, 8)
+    assert lifted["p_worse"] == pytest.approx(261 / 12870, rel=1e-9)
+    assert "reached the goal after lifting the object: libero_goal task 0 6/8; all 75.0%" in printed
+    assert "ablation test among episodes that lifted the object" in printed
+
+
+def test_without_lift_measurements_there_is_no_lifted_test(runs, tmp_path) -> None:
+    out = tmp_path / "report.json"
+    rc, printed, err = _main("toolkits/eval/success_report.py", "--group", "held_out", str(runs["instructed"]),
+                             "--group", "ablated", str(runs["ablated"]), "--ablation", "held_out", "ablated",
+                             "--out", str(out))
+    assert rc == 0, err
+    doc = json.loads(out.read_text())
+    assert "ablation_test_lifted" not in doc and doc["held_out"]["after_lift"]["overall"]["measured"] == 0
+    assert "after lifting" not in printed

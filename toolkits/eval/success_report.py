@@ -16,7 +16,11 @@ Rows of an instruction swap or ablation (issue #31: ``env.eval.init_states_from_
 ``env.eval.instruction_override``) are not pooled into their task's row: a group lists them apart under
 ``conditions`` (``task 8 from task 1's init states``, ``task 0, instruction ''``), each with its interval.
 ``--ablation INSTRUCTED ABLATED`` (two group names) adds the one-sided Fisher exact test that the ablated
-groups' success is lower, per task and pooled (``ablation_test``)::
+groups' success is lower, per task and pooled (``ablation_test``), and the same test on only the episodes
+that lifted the object (``ablation_test_lifted``): grasping is the same skill under any instruction, so
+whether a lifted object reaches the instructed goal is what the instruction decides. Each group also
+reports, per task and condition, how many episodes lifted the object and how many of those reached the
+goal (``after_lift``)::
 
     .venv/bin/python toolkits/eval/success_report.py --out report.json \
         --group trained logs/<run>:0-39 --group held_out logs/<run>:40-49 \
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_cosmos3.id_lists import parse_id_list
-from rlinf_cosmos3.sim.object_lift import lift_label
+from rlinf_cosmos3.sim.object_lift import LIFTED_M, lift_label
 from rlinf_cosmos3.tracking.compare import RunComparison, ablation_comparison
 from rlinf_cosmos3.tracking.conditions import condition
 from rlinf_cosmos3.tracking.results_file import read_results
@@ -81,6 +85,35 @@ def _rates(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
             "overall": overall(success_by_task(rows, key).values()).to_dict()}
 
 
+def lifted(row: dict[str, Any]) -> bool:
+    """The episode picked up an object its goal moves (``object_lift_m`` above :data:`LIFTED_M`)."""
+    lift = row.get("object_lift_m")
+    return bool(lift) and max(lift.values()) > LIFTED_M
+
+
+def _after_lift(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per task / condition and pooled: episodes with the lift measured, those that lifted the object, and
+    the success (once) of the lifted ones: where the object went once the grasp had worked."""
+    measured = [r for r in rows if r.get("object_lift_m")]
+    up = [r for r in measured if lifted(r)]
+    by_label = success_by(up, lambda r: condition(r).sort_key)
+    counts = {k: len(v) for k, v in _group(measured).items()}
+    named = {condition(r).sort_key: condition(r).label for r in measured}
+    return {"conditions": [{"label": named[k], "measured": counts[k],
+                            "lifted": by_label[k].trials if k in by_label else 0,
+                            "success_given_lifted": (by_label[k] if k in by_label else SuccessRate(0, 0)).to_dict()}
+                           for k in sorted(counts)],
+            "overall": {"measured": len(measured), "lifted": len(up),
+                        "success_given_lifted": overall(by_label.values()).to_dict()}}
+
+
+def _group(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(condition(row).sort_key, []).append(row)
+    return out
+
+
 def _ablation_doc(names: tuple[str, str], result: RunComparison) -> dict[str, Any]:
     return {"instructed": names[0], "ablated": names[1], "key": "success_once",
             "test": "one-sided Fisher exact: the ablated rows succeed less often than the instructed ones",
@@ -93,15 +126,17 @@ def report(groups: list[tuple[str, str]], ablation: tuple[str, str] | None = Non
     end) with intervals; with ``ablation`` (instructed group, ablated group) the Fisher test between them."""
     pooled: dict[str, dict[str, Any]] = {}
     for name, spec in groups:
-        if name == "ablation_test":
-            raise ValueError("--group ablation_test: the name is the report's own key for --ablation; pick another")
+        if name.startswith("ablation_test"):
+            raise ValueError(f"--group {name}: names starting 'ablation_test' are the report's own keys for "
+                             "--ablation; pick another")
         rows, source = read_group(spec)
         entry = pooled.setdefault(name, {"rows": [], "sources": []})
         entry["rows"] += rows
         entry["sources"].append(source)
     out: dict[str, Any] = {}
     for name, entry in pooled.items():
-        out[name] = {"sources": entry["sources"], **{key: _rates(entry["rows"], key) for key in KEYS}}
+        out[name] = {"sources": entry["sources"], **{key: _rates(entry["rows"], key) for key in KEYS},
+                     "after_lift": _after_lift(entry["rows"])}
     if ablation is not None:
         unknown = [n for n in ablation if n not in pooled]
         if unknown:
@@ -110,6 +145,9 @@ def report(groups: list[tuple[str, str]], ablation: tuple[str, str] | None = Non
             raise ValueError(f"--ablation needs two groups, got {ablation[0]!r} twice")
         result = ablation_comparison(pooled[ablation[0]]["rows"], pooled[ablation[1]]["rows"])
         out["ablation_test"] = _ablation_doc(ablation, result)
+        up = [[r for r in pooled[n]["rows"] if lifted(r)] for n in ablation]
+        if all(up):
+            out["ablation_test_lifted"] = _ablation_doc(ablation, ablation_comparison(*up))
     return out
 
 
@@ -118,9 +156,9 @@ def _print_rate(label: str, rate: dict[str, Any]) -> None:
     print(f"  {label}: success_once {rate['rate']:6.1%} [{low:5.1%}, {high:5.1%}] ({rate['successes']}/{rate['trials']})")
 
 
-def print_ablation_test(doc: dict[str, Any]) -> None:
+def print_ablation_test(doc: dict[str, Any], among: str = "") -> None:
     """The instructed-vs-ablated rows: both rates with intervals, the difference, the one-sided Fisher p."""
-    print(f"ablation test, success_once: {doc['instructed']} (instructed) vs {doc['ablated']} (ablated), "
+    print(f"ablation test{among}, success_once: {doc['instructed']} (instructed) vs {doc['ablated']} (ablated), "
           "one-sided Fisher exact p that the ablation lowers the success")
     for c in [*doc["tasks"], doc["pooled"]]:
         a, b = (SuccessRate(c[s]["successes"], c[s]["trials"]) for s in ("a", "b"))
@@ -141,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for name, entry in doc.items():
-        if name == "ablation_test":
+        if name.startswith("ablation_test"):
             continue
         print(f"{name}: {sum(s['episodes'] for s in entry['sources'])} episodes")
         for task, rate in entry["success_once"]["tasks"].items():
@@ -153,8 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                 missed = source["failed_never_lifted"].get(task, [])
                 print(f"  failed, task {task}, {Path(source['run']).name}: {ids}"
                       + (f" (never lifted the object: {missed})" if missed else ""))
+        after = entry["after_lift"]
+        if after["overall"]["measured"]:
+            parts = [f"{c['label']} {c['success_given_lifted']['successes']}/{c['lifted']}" for c in after["conditions"]]
+            total = after["overall"]
+            print(f"  reached the goal after lifting the object: {', '.join(parts)}; all "
+                  f"{str(SuccessRate(total['success_given_lifted']['successes'], total['lifted'])).strip()}")
     if "ablation_test" in doc:
         print_ablation_test(doc["ablation_test"])
+    if "ablation_test_lifted" in doc:
+        print_ablation_test(doc["ablation_test_lifted"], " among episodes that lifted the object")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
