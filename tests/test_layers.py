@@ -32,6 +32,8 @@ LAYERS: dict[str, int] = {
     #    import each other without cycles.
     "actions": 1, "data": 1, "sim": 1, "models": 1, "components": 1, "checkpoint": 1,
     "cluster": 1, "tracking": 1, "demos": 1, "validation": 1,
+    # the RL pieces (flow-SDE steps and log-probs, the action chain on the policy's forward): like models/
+    "rl": 1,
     # 2: Ray workers (SFT actor, rollout backends, LIBERO env workers).
     "workers": 2,
     # 3: drivers that place workers and run a whole job.
