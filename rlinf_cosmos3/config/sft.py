@@ -22,6 +22,7 @@ DEFAULT_MAX_TOKENS_PER_PACK = 74_000
 """cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000 tokens per
 transformer call (~174 LIBERO samples of 424 tokens); also ``PolicyConfig``'s default."""
 ATTENTION_BACKENDS = ("auto", "flex", "loop")
+"""``actor.model.attention_backend``: the packed attention backends of ``models/cosmos3/packed_attention.py``."""
 SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
 """How a training sigma can be drawn (``models/cosmos3/configuration.py`` ``sample_sigma``)."""
 

@@ -15,6 +15,7 @@ import torch
 
 from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, setting_values
 from rlinf_cosmos3.config.sft import (
+    ATTENTION_BACKENDS,
     DEFAULT_MAX_TOKENS_PER_PACK,
     SIGMA_DISTRIBUTIONS,
     SFTConfig,
@@ -22,7 +23,6 @@ from rlinf_cosmos3.config.sft import (
 )
 from rlinf_cosmos3.models.cosmos3.captions import CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
-from rlinf_cosmos3.models.cosmos3.packed_attention import BACKENDS as ATTENTION_BACKENDS
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
 
 NUM_TRAIN_TIMESTEPS = 1000

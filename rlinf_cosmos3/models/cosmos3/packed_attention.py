@@ -26,9 +26,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 from torch import nn
 
+from rlinf_cosmos3.config.sft import ATTENTION_BACKENDS
 from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout
-
-BACKENDS = ("auto", "flex", "loop")
 
 _compiled_flex: Any = None
 
@@ -86,8 +85,8 @@ class PackedDocumentAttnProcessor:
     """Document-masked Cosmos3 attention for packed sequences; the stock processor when nothing is packed."""
 
     def __init__(self, backend: str = "auto") -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown packed attention backend {backend!r}; choose one of {BACKENDS}")
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown packed attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
         self.backend = backend
         self.layout: DocumentLayout | None = None
         self._stock = Cosmos3AttnProcessor()
