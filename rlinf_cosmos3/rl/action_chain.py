@@ -1,0 +1,179 @@
+"""The real model's hybrid ODE/SDE denoising chain for a batch of observations, and its log-prob recomputed.
+
+Rollout (:func:`sample_action_chain`) and training (:func:`chain_log_prob`) compute the velocity with ONE
+function, :func:`packed_velocity`, which is the policy's packed training forward (its memoised segments and
+packed sequence, document-masked attention, one transformer call per pack, timesteps ``1000 * t`` as in
+training). So the ratio on unchanged weights is 1 by construction, not by two code paths agreeing. The
+diffusers pipeline is not hooked: its UniPC scheduler is a multistep predictor-corrector whose corrector
+would rewrite a stochastic sample with past velocities, so a step of it is not one Gaussian of the current
+state; and it runs one observation at a time.
+
+The chain: the scheduler's own grid (``set_timesteps`` on a copy: the same flow shift as eval), every step an
+Euler ODE step for the video latents and the action tokens, except each decision's one SDE step
+(:func:`~rlinf_cosmos3.rl.flow_sde.pick_sde_steps`) where its action tokens draw from the flow-SDE Gaussian.
+The first latent frame is the observation's (the condition, held fixed); padded action channels are zeroed
+after every step, as the pipeline does. What a decision keeps is the state at its SDE step (video latents
+AND action tokens: the velocity depends on both), ``t``, ``t_next`` and the drawn action tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlinf_cosmos3.models.cosmos3.flow_matching import pack_timesteps
+from rlinf_cosmos3.models.cosmos3.packed_attention import packed_processor_of
+from rlinf_cosmos3.models.cosmos3.packing import split_into_packs
+from rlinf_cosmos3.rl.flow_sde import (
+    action_log_prob_mask,
+    gaussian_log_prob,
+    hybrid_step,
+    ode_step,
+    pick_sde_steps,
+    sde_step_mean_std,
+)
+
+__all__ = ["ActionChain", "chain_log_prob", "denoising_grid", "packed_velocity",
+           "sample_action_chain"]
+
+
+@dataclass
+class ActionChain:
+    """What a batch of decisions keeps for training: enough to recompute each one's log-prob exactly."""
+
+    input_ids: list[list[int]]
+    """Each decision's prompt token ids (policy caption, as the processor tokenizes it)."""
+    sde_step: torch.Tensor
+    """``[B]`` long: the grid index of each decision's stochastic step."""
+    t: torch.Tensor
+    """``[B]`` float64: the time at the SDE step."""
+    t_next: torch.Tensor
+    xt_vision: torch.Tensor
+    """``[B, C, T, h, w]``: the video latents at the SDE step (frame 0 the condition)."""
+    xt_action: torch.Tensor
+    """``[B, H, D]``: the action tokens at the SDE step."""
+    x_next_action: torch.Tensor
+    """``[B, H, D]``: the action tokens the SDE step drew (padded channels zeroed)."""
+    mask: torch.Tensor
+    """``[B, H, D]`` bool: the entries the log-prob counts (:func:`~rlinf_cosmos3.rl.flow_sde.action_log_prob_mask`)."""
+    noise_level: float
+    t_cap: float
+    old_log_prob: torch.Tensor
+    """``[B]``: the log-prob of the SDE step under the rollout's weights."""
+    actions: torch.Tensor
+    """``[B, H, raw_action_dim]``: the normalised action chunks at the chain's end (what the env gets)."""
+
+
+def denoising_grid(policy: Any, num_steps: int) -> list[float]:
+    """``num_steps + 1`` times from ~1 to 0: the policy scheduler's grid (its flow shift), on a copy so the
+    pipeline's own scheduler keeps its state."""
+    scheduler = copy.deepcopy(policy.pipeline.scheduler)
+    scheduler.set_timesteps(int(num_steps))
+    return [float(s) for s in scheduler.sigmas.double()]
+
+
+def packed_velocity(policy: Any, input_ids: Sequence[Sequence[int]], xt_vision: torch.Tensor,
+                    xt_action: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Velocities (``[B, C, T, h, w]``, ``[B, H, D]`` float32) of a batch of states at per-sample times ``t``
+    (``[B]``), through the policy's packed training forward: samples split into packs by its
+    ``max_tokens_per_pack``, each pack one transformer call. Differentiable in the transformer's weights."""
+    batch, _, frames, _, _ = xt_vision.shape
+    horizon = xt_action.shape[1]
+    device, dtype = policy.device, policy.compute_dtype
+    cpu = torch.device("cpu")
+    segments = [policy._segments_for(list(ids), (1, *xt_vision.shape[1:]), horizon, cpu) for ids in input_ids]
+    sigma = torch.as_tensor(t, dtype=torch.float64).to(torch.float32).to(device)
+    parts_v, parts_a = [], []
+    for pack in split_into_packs([seg["sequence_length"] for seg in segments], policy.cfg.max_tokens_per_pack):
+        static, layout, index = policy._packed_sequence([segments[i] for i in pack])
+        rows = torch.tensor(pack, device=device)
+        vision = xt_vision.to(device).index_select(0, rows)
+        vision = vision.transpose(0, 1).reshape(1, vision.shape[1], len(pack) * frames, *vision.shape[3:])
+        action = xt_action.to(device).index_select(0, rows).flatten(0, 1)
+        kwargs = {**static, "vision_tokens": [vision.to(dtype)], "action_tokens": [action.to(dtype)],
+                  "vision_timesteps": pack_timesteps(sigma[rows], index.vision_timestep_owner),
+                  "action_timesteps": pack_timesteps(sigma[rows], index.action_timestep_owner)}
+        if len(pack) == 1:
+            preds_v, _, preds_a = policy.transformer(**kwargs, return_dict=False)
+        else:
+            processor = packed_processor_of(policy.transformer)
+            if processor is None:
+                raise RuntimeError("packing several samples needs the policy's packed attention processor")
+            with processor.packed(layout):
+                preds_v, _, preds_a = policy.transformer(**kwargs, return_dict=False)
+        pred_v = preds_v[0].float()
+        parts_v.append(pred_v.reshape(pred_v.shape[1], len(pack), frames, *pred_v.shape[3:]).transpose(0, 1))
+        parts_a.append(preds_a[0].float().reshape(len(pack), horizon, -1))
+    velocity_v, velocity_a = torch.cat(parts_v), torch.cat(parts_a)
+    velocity_v = velocity_v.clone()
+    velocity_v[:, :, 0] = 0  # the condition frame does not move (the pipeline masks its velocity too)
+    raw = policy.domain.raw_action_dim
+    return velocity_v, torch.cat([velocity_a[..., :raw], torch.zeros_like(velocity_a[..., raw:])], dim=-1)
+
+
+@torch.no_grad()
+def sample_action_chain(
+    policy: Any,
+    latents: torch.Tensor,
+    prompts: Sequence[str],
+    *,
+    num_steps: int,
+    noise_level: float,
+    executed_steps: int | torch.Tensor,
+    generator: torch.Generator,
+    sde_candidates: torch.Tensor | None = None,
+) -> ActionChain:
+    """Denoise a batch of observations (``latents`` ``[B, C, T, h, w]`` float32 whose frame 0 is each observation's
+    condition latent, as ``policy.processor.encode_canvases`` gives it for the canvas held over the clip)
+    with one flow-SDE step per decision; everything drawn from ``generator`` (SDE steps, initial noise, the
+    SDE noise), so a seeded rollout repeats. ``executed_steps``: how many chunk steps the env runs (the mask)."""
+    batch, channels, frames, height, width = latents.shape
+    horizon, action_dim, raw = policy.cfg.action_horizon, policy.transformer.config.action_dim, \
+        policy.domain.raw_action_dim
+    if len(prompts) != batch:
+        raise ValueError(f"{len(prompts)} prompts for {batch} observations")
+    input_ids = [policy.processor.prompt_ids(p)[0] for p in prompts]
+    grid = denoising_grid(policy, num_steps)
+    t_cap = grid[1]
+    chosen = pick_sde_steps(batch, num_steps, generator, sde_candidates)
+    gen_device = generator.device
+    condition = latents[:, :, :1].float()
+    noise_v = torch.randn(latents.shape, generator=generator, device=gen_device).to(latents.device)
+    x_v = torch.cat([condition, noise_v[:, :, 1:]], dim=2)
+    x_a = torch.randn(batch, horizon, action_dim, generator=generator, device=gen_device).to(latents.device)
+    x_a[..., raw:] = 0
+    mask = action_log_prob_mask(batch, horizon, action_dim, raw, executed_steps, device=x_a.device)
+    keep_v, keep_a, keep_next = torch.zeros_like(x_v), torch.zeros_like(x_a), torch.zeros_like(x_a)
+    old_log_prob = torch.zeros(batch, dtype=torch.float32, device=x_a.device)
+    for i in range(num_steps):
+        t, t_next = grid[i], grid[i + 1]
+        v_v, v_a = packed_velocity(policy, input_ids, x_v, x_a, torch.full((batch,), t, dtype=torch.float64))
+        rows = (chosen == i).to(x_a.device)
+        step = hybrid_step(x_a, v_a, t, t_next, rows, noise_level, generator, t_cap=t_cap)
+        x_next = step.x_next.clone()
+        x_next[..., raw:] = 0
+        if bool(rows.any()):
+            keep_v[rows], keep_a[rows], keep_next[rows] = x_v[rows], x_a[rows], x_next[rows]
+            log_prob = gaussian_log_prob(x_next, step.mean, step.std, mask)
+            old_log_prob = torch.where(rows, log_prob.float(), old_log_prob)
+        x_v = ode_step(x_v, v_v, t, t_next)
+        x_v[:, :, :1] = condition
+        x_a = x_next
+    grid_t = torch.tensor(grid, dtype=torch.float64)
+    return ActionChain(input_ids=input_ids, sde_step=chosen, t=grid_t[chosen], t_next=grid_t[chosen + 1],
+                       xt_vision=keep_v, xt_action=keep_a, x_next_action=keep_next, mask=mask,
+                       noise_level=float(noise_level), t_cap=t_cap, old_log_prob=old_log_prob,
+                       actions=x_a[..., :raw].clone())
+
+
+def chain_log_prob(policy: Any, chain: ActionChain) -> torch.Tensor:
+    """``[B]`` log-probs of the chain's SDE steps under the policy's current weights (differentiable): the same
+    velocity forward as the rollout at the stored states, the same Gaussian, the same mask."""
+    _, v_a = packed_velocity(policy, chain.input_ids, chain.xt_vision, chain.xt_action, chain.t)
+    x_t = chain.xt_action.to(v_a.device)
+    mean, std = sde_step_mean_std(x_t, v_a, chain.t, chain.t_next, chain.noise_level, t_cap=chain.t_cap)
+    return gaussian_log_prob(chain.x_next_action.to(v_a.device), mean, std, chain.mask.to(v_a.device))
