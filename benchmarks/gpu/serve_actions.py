@@ -92,6 +92,7 @@ import numpy as np
 import psutil
 import torch
 
+from rlinf_cosmos3.config.libero_suites import STATE_DIM
 from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
 from rlinf_cosmos3.models.cosmos3.tiny import (
     count_parameters,
@@ -114,7 +115,6 @@ logger = logging.getLogger("benchmarks.serve_actions")
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 ACTION_HORIZON = 16
 VIEW_SIZE = 256
-STATE_DIM = 8
 PROMPT = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 """libero_spatial task 0 (LIBERO's ``task.language``)."""
 SGLANG_ARGS = "--dit-cpu-offload false --vae-cpu-offload false"

@@ -426,7 +426,8 @@ class Setup:
 
 def synthetic_samples(n: int, cfg: Any, seed: int) -> list[dict[str, Any]]:
     """``n`` samples as ``LiberoLeRobotDataset`` yields them (random pixels and actions, no padding)."""
-    from rlinf_cosmos3.config.data import STATE_DIM, image_output_name
+    from rlinf_cosmos3.config.data import image_output_name
+    from rlinf_cosmos3.config.libero_suites import STATE_DIM
     from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
 
     data, g = cfg.data.dataset, torch.Generator().manual_seed(seed)

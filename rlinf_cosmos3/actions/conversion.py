@@ -14,8 +14,8 @@ from numpy.typing import ArrayLike
 
 from rlinf_cosmos3.actions._arrays import as_float64
 from rlinf_cosmos3.actions.rotation import axis_angle_to_rot6d, rot6d_to_axis_angle
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM as ACTION_DIM_7
 
-ACTION_DIM_7 = 7
 ACTION_DIM_10 = 10
 # Channel layout of the 10-D action (also used to build the "global" stats block).
 POS_SLICE_10 = slice(0, 3)

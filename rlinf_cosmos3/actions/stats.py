@@ -256,7 +256,7 @@ def compute_action_stats(
     for i, ep in enumerate(episodes):
         arr = np.asarray(ep, dtype=np.float64)
         if arr.ndim != 2 or arr.shape[1] != ACTION_DIM_7:
-            raise ValueError(f"episode {i}: expected actions of shape [T, 7], got {arr.shape}")
+            raise ValueError(f"episode {i}: expected actions of shape [T, {ACTION_DIM_7}], got {arr.shape}")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"episode {i}: actions contain NaN or inf")
         g = arr[:, GRIPPER_INDEX_7]
@@ -339,7 +339,7 @@ def read_lerobot_episode_actions(root: str | os.PathLike[str], repo_id: str | No
     if feature is None:
         raise ValueError(f"{root_path}: dataset has no 'action' feature (features: {sorted(ds.features)})")
     if tuple(feature["shape"]) != (ACTION_DIM_7,):
-        raise ValueError(f"{root_path}: 'action' has shape {tuple(feature['shape'])}, expected (7,)")
+        raise ValueError(f"{root_path}: 'action' has shape {tuple(feature['shape'])}, expected ({ACTION_DIM_7},)")
     table = ds.hf_dataset.select_columns(["index", "episode_index", "action"]).with_format("numpy")
     index = np.asarray(table["index"], dtype=np.int64)
     episode = np.asarray(table["episode_index"], dtype=np.int64)

@@ -21,11 +21,6 @@ WRIST_IMAGE_KEY = "observation.images.wrist_image"
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
 
-# Widths written by our LIBERO recorder: [dpos(3), drot axis-angle(3), gripper(1)] and the
-# 8-D robot state.
-RAW_ACTION_DIM = 7
-STATE_DIM = 8
-
 
 @dataclass
 class LiberoDataConfig:

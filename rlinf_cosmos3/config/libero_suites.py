@@ -32,6 +32,10 @@ NUM_INIT_STATES = 50
 SHARED_SCENE_SUITES: tuple[str, ...] = ("libero_goal",)
 # No-op steps run after a reset so objects settle before the policy acts (LIBERO eval practice).
 NUM_SETTLE_STEPS = 10
+ACTION_DIM = 7
+"""Width of a LIBERO command and of a stored dataset action: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
+STATE_DIM = 8
+"""Width of the robot state (``observation.state``): eef pos(3), eef axis-angle(3), gripper qpos(2)."""
 # The no-op command: no motion, gripper open (LIBERO: -1 = open).
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rlinf_cosmos3.config.base import PRECISIONS, require, require_one_of
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM
 from rlinf_cosmos3.config.model_settings import (
     CAPTION_STYLES,
     GRIPPER_CONVENTIONS,
@@ -28,8 +29,6 @@ from rlinf_cosmos3.config.model_settings import (
 )
 from rlinf_cosmos3.paths import sglang_python
 
-ENV_ACTION_DIM = 7
-"""LIBERO's command width: ``[dpos(3), drot axis-angle(3), gripper(1)]``."""
 RESPONSE_FORMATS = ("raw", "envelope")
 ENCODINGS = ("msgpack", "json")
 # The VAE compresses time 4x; the action endpoint requires (num_frames - 1) % 4 == 0.
@@ -61,7 +60,7 @@ class RolloutModelConfig:
     domain_name: str = RECIPE.domain_name
     raw_action_dim: int = 10
     """Model-side width ``[dpos(3), rot6d(6), gripper(1)]``."""
-    action_dim: int = ENV_ACTION_DIM
+    action_dim: int = ACTION_DIM
     """Env-side width ``[dpos(3), axis-angle(3), gripper(1)]``."""
     num_action_chunks: int = RECIPE.action_horizon
     """Actions per request (the model's action horizon)."""
@@ -109,8 +108,8 @@ class RolloutModelConfig:
                 "use 5.0 (NVIDIA's LIBERO eval)")
         for name, allowed in (("caption_style", CAPTION_STYLES), ("gripper_convention", GRIPPER_CONVENTIONS)):
             require_one_of(getattr(self, name), allowed, f"{root}.{name}")
-        require(self.action_dim == ENV_ACTION_DIM, f"{root}.action_dim",
-                f"{self.action_dim} but LIBERO takes {ENV_ACTION_DIM}-D commands", f"set it to {ENV_ACTION_DIM}")
+        require(self.action_dim == ACTION_DIM, f"{root}.action_dim",
+                f"{self.action_dim} but LIBERO takes {ACTION_DIM}-D commands", f"set it to {ACTION_DIM}")
         require(self.num_frames == self.num_action_chunks + 1, f"{root}.num_frames",
                 f"{self.num_frames} but must be num_action_chunks + 1 = {self.num_action_chunks + 1}")
         require((self.num_frames - 1) % TEMPORAL_COMPRESSION == 0, f"{root}.num_frames",

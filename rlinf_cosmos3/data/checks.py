@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_cosmos3.config.data import ACTION_KEY, RAW_ACTION_DIM, STATE_DIM, STATE_KEY, LiberoDataConfig
+from rlinf_cosmos3.config.data import ACTION_KEY, STATE_KEY, LiberoDataConfig
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 
 # lerobot's reader only understands the v3 layout.
 SUPPORTED_CODEBASE_PREFIX = "v3."
@@ -113,9 +114,9 @@ def check_features(fps: int, features: Mapping[str, Mapping[str, Any]], cfg: Lib
         raise DatasetMismatchError(
             "root",
             f"dataset lacks feature(s) {missing}; it has {sorted(features)}",
-            f"use a LIBERO dataset with a {RAW_ACTION_DIM}-D '{ACTION_KEY}' and a {STATE_DIM}-D '{STATE_KEY}'",
+            f"use a LIBERO dataset with a {ACTION_DIM}-D '{ACTION_KEY}' and a {STATE_DIM}-D '{STATE_KEY}'",
         )
-    _check_vector(features, ACTION_KEY, RAW_ACTION_DIM, "action width")
+    _check_vector(features, ACTION_KEY, ACTION_DIM, "action width")
     _check_vector(features, STATE_KEY, STATE_DIM, "state width")
     for key in cfg.image_keys:
         _check_image(features, key, cfg.image_size, cameras)

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from rlinf_cosmos3.actions import libero_command_to_dataset_gripper
 from rlinf_cosmos3.config.data import ACTION_KEY, MAIN_IMAGE_KEY, STATE_KEY, WRIST_IMAGE_KEY
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 from rlinf_cosmos3.procgroup import keep_scheduling
 
 logger = logging.getLogger(__name__)
@@ -55,16 +56,16 @@ def demo_features(image_size: int = IMAGE_SIZE, use_videos: bool = True) -> dict
     return {
         MAIN_IMAGE_KEY: dict(camera),
         WRIST_IMAGE_KEY: dict(camera),
-        STATE_KEY: {"dtype": "float32", "shape": (8,), "names": STATE_NAMES},
-        ACTION_KEY: {"dtype": "float32", "shape": (7,), "names": ACTION_NAMES},
+        STATE_KEY: {"dtype": "float32", "shape": (STATE_DIM,), "names": STATE_NAMES},
+        ACTION_KEY: {"dtype": "float32", "shape": (ACTION_DIM,), "names": ACTION_NAMES},
     }
 
 
 def command_to_stored_action(command: np.ndarray) -> np.ndarray:
     """LIBERO command (gripper -1 open / +1 close) -> stored action (gripper g in [0, 1], 1 = open)."""
     command = np.asarray(command, dtype=np.float32)
-    if command.shape != (7,):
-        raise ValueError(f"expected a 7-D LIBERO command, got shape {command.shape}")
+    if command.shape != (ACTION_DIM,):
+        raise ValueError(f"expected a {ACTION_DIM}-D LIBERO command, got shape {command.shape}")
     stored = command.copy()
     stored[6] = libero_command_to_dataset_gripper(command[6])
     return stored

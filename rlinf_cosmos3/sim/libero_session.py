@@ -15,14 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM
 from rlinf_cosmos3.sim.images import rotate_180
 
 logger = logging.getLogger(__name__)
 
 MAIN_CAMERA = "agentview"
 WRIST_CAMERA = "robot0_eye_in_hand"
-STATE_DIM = 8
-ACTION_DIM = 7
 
 
 class SessionError(RuntimeError):

@@ -413,11 +413,12 @@ def write_synthetic_action_stats(path: str | Path, fps: int = 20) -> Path:
     import numpy as np
 
     from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
+    from rlinf_cosmos3.config.libero_suites import ACTION_DIM
 
     rng = np.random.default_rng(0)
     episodes = []
     for _ in range(4):
-        ep = np.clip(rng.normal(0.0, 0.3, size=(64, 7)), -1.0, 1.0)
+        ep = np.clip(rng.normal(0.0, 0.3, size=(64, ACTION_DIM)), -1.0, 1.0)
         ep[:, 6] = rng.integers(0, 2, size=64)  # stored gripper g in {0, 1}
         episodes.append(ep)
     return write_action_stats(compute_action_stats(episodes, metadata={"fps": fps, "synthetic": True}), Path(path))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rlinf_cosmos3.config.env import EnvEvalConfig
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM
 from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, SimCommandError, SimProcessError
 from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
 from rlinf_cosmos3.sim.object_lift import ObjectLift
@@ -39,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 SIM_FAILURES = (SimProcessError, SimCommandError)
 """Failures that cost the episode its attempt (and the process its life), not the whole eval."""
-ACTION_DIM = 7
-STATE_DIM = 8
 # robosuite raises once its own horizon is passed; keep it beyond every cap.
 MIN_SIM_HORIZON = 1000
 

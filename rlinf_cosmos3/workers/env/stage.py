@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 from rlinf_cosmos3.workers.env.results import EpisodeResult
-from rlinf_cosmos3.workers.env.slot import ACTION_DIM, SIM_FAILURES, STATE_DIM, EnvSlot
+from rlinf_cosmos3.workers.env.slot import SIM_FAILURES, EnvSlot
 from rlinf_cosmos3.workers.observation_keys import (
     EPISODE_STEPS,
     INIT_STATE_TASK_IDS,
