@@ -242,13 +242,13 @@ def check_sft_values(cfg: SFTConfig) -> None:
     require(model.precision in PRECISIONS, "actor.model.precision",
             f"unknown precision '{model.precision}'", f"use one of {list(PRECISIONS)}")
     require(0.0 < model.ema_rate, "actor.model.ema_rate", f"must be > 0, got {model.ema_rate}")
-    # Measured on an H200 (docs/benchmarks.md): compiled blocks under diffusers' activation checkpointing
-    # with FSDP2 fail in the first backward (torch.utils.checkpoint.CheckpointError: recomputed tensors
-    # differ from the saved ones); each option alone works.
     require(not model.load_to_device, "actor.model.load_to_device",
             "true (the whole model placed on one GPU before sharding) is not implemented: the transformer is always "
             "built on the meta device, sharded with FSDP2 and then filled shard by shard",
             "set actor.model.load_to_device=false (the default; no GPU ever holds the whole model)")
+    # Measured on an H200 (docs/benchmarks.md): compiled blocks under diffusers' activation checkpointing
+    # with FSDP2 fail in the first backward (torch.utils.checkpoint.CheckpointError: recomputed tensors
+    # differ from the saved ones); each option alone works.
     require(not (model.compile_blocks and model.activation_checkpointing), "actor.model.compile_blocks",
             "compile_blocks=true together with activation_checkpointing=true fails in the first backward on "
             "GPU (CheckpointError: recomputed tensors differ from the forward's)",
