@@ -56,6 +56,8 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
     """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config or too little disk)."""
     resolved, run_dir = start_run(raw_cfg, config_name, RUN_LOG_NAME)
     try:
+        # Checked as written first (absolute_paths would make a missing '???' a path, and crash on a wrong type),
+        # then again as the ranks get it, with absolute paths.
         cfg = load_sft_config(resolved)
         resolved = absolute_paths(resolved)
         cfg = load_sft_config(resolved)
