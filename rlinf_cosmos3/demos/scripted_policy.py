@@ -7,10 +7,13 @@ retreat. Commands are LIBERO OSC_POSE deltas in [-1, 1] (robosuite scales 1.0 to
 0.5 rad per step) and the gripper command -1 (open) / +1 (close).
 
 Every position is servoed with a proportional law on the *grip site* (the frame robosuite's
-OSC controller moves), the orientation is held pointing down. Grasps: bowl-like objects are
+OSC controller moves), the orientation is held pointing down. Grasps: bowl-like objects and plates are
 pinched at the rim (one finger inside, one outside); anything else at its centre, with the
-fingers closing across the object's narrower horizontal side. Success is never decided here:
-only the simulator's ``check_success`` says whether a demonstration worked.
+fingers closing across the object's narrower horizontal side. Among the candidate grasps, one whose hand
+would hit a neighbour of the target where the object is put down is avoided (libero_goal's cabinet
+beside the plate). Goals ``in`` a drawer or behind a door are refused: they need it opened first.
+Success is never decided here: only the simulator's ``check_success`` says whether a demonstration
+worked.
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ FINGER_TIP_BELOW_SITE_M = 0.012  # Panda fingertips end ~1.1 cm below the grip s
 MAX_GRASP_WIDTH_M = 0.07  # Panda fingers open to 8 cm; leave room to come down around the object
 FINGER_OPEN_HALF_SPAN_M = 0.045  # open fingers sit ~4 cm either side of the grip site (+ pad)
 BOWL_LIKE = ("bowl", "ramekin", "mug", "cup")
+FLAT_RIMMED = ("plate",)
+"""Too wide to grasp across and too flat to pinch from above the rim: pinched at the rim like a bowl, the
+fingertips just above the table (the grasp height's floor), one finger on the plate, one beside it."""
+HAND_HALF_LENGTH_M = 0.105  # the Panda hand's collision box, grip-site frame: +-10.5 cm along the closing axis,
+HAND_HALF_WIDTH_M = 0.032  # +-3.2 cm across it,
+HAND_BOTTOM_ABOVE_SITE_M = 0.026  # from 2.6 cm ...
+HAND_TOP_ABOVE_SITE_M = 0.124  # ... to 12.4 cm above the grip site
+CLOSED_COMPARTMENTS = ("cabinet", "microwave")
+"""Fixtures whose ``*_region`` sites lie behind a drawer or door (LIBERO names them ``<fixture>_top_region``,
+``<fixture>_heating_region``, ...): putting something ``in`` one needs it opened first."""
 
 
 class UnsupportedTaskError(ValueError):
@@ -67,6 +80,9 @@ def parse_goal(goal: list[list[str]]) -> PickPlaceGoal:
     if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0].lower() not in ("on", "in"):
         raise UnsupportedTaskError(f"only a single 'on'/'in' goal is supported, got {goal}")
     relation, obj, target = goal[0]
+    if relation.lower() == "in" and target.endswith("_region") and any(f in target for f in CLOSED_COMPARTMENTS):
+        raise UnsupportedTaskError(f"goal {goal[0]}: {target!r} is inside a drawer/door of a fixture that must be "
+                                   "opened first; this pick-and-place policy does not open it")
     return PickPlaceGoal(relation.lower(), obj, target)
 
 
@@ -80,6 +96,9 @@ class ScriptedPolicyConfig:
     approach_height: float = 0.08
     carry_clearance: float = 0.06
     place_clearance: float = 0.02
+    hand_margin: float = 0.01
+    """Metres. A grasp whose hand would come closer than this to a neighbour of the target where the object
+    is put down is chosen only if every grasp would (libero_goal: the cabinet beside the plate)."""
     rim_inset: float = 0.012
     grasp_depth: float = 0.03
     reach_tol: float = 0.008
@@ -183,6 +202,25 @@ class ScriptedPickPlace:
                 best = min(best, float(np.linalg.norm(gap)))
         return best
 
+    def _hand_gap(self, priv: dict[str, Any], site: np.ndarray, yaw: float) -> float:
+        """Smallest table-plane gap (capped at 5 cm) between the hand's collision box with the grip site at
+        ``site`` and any other object or fixture box it overlaps in height. Negative gaps are not measured:
+        0 means the hand would hit something (e.g. a cabinet beside the target while lowering onto it)."""
+        rot = _down_rotation(yaw)
+        half = HAND_HALF_LENGTH_M * np.abs(rot[:2, 0]) + HAND_HALF_WIDTH_M * np.abs(rot[:2, 1])
+        lo_z, hi_z = site[2] + HAND_BOTTOM_ABOVE_SITE_M, site[2] + HAND_TOP_ABOVE_SITE_M
+        skip = {self.goal.obj, self.goal.target}
+        best = 0.05
+        for name, kind in priv["entities"].items():
+            if kind == "site" or name in skip or self.goal.target.startswith(name + "_"):
+                continue
+            box = self._box(priv, name)
+            if box is None or box[1, 2] < lo_z or box[0, 2] > hi_z:
+                continue
+            gap = np.maximum(np.maximum(box[0, :2] - (site[:2] + half), (site[:2] - half) - box[1, :2]), 0.0)
+            best = min(best, float(np.linalg.norm(gap)))
+        return best
+
     def _plan_grasp(self, priv: dict[str, Any]) -> None:
         """Choose the grasp point, gripper yaw and the heights used by the later phases."""
         obj = self.goal.obj
@@ -195,7 +233,7 @@ class ScriptedPickPlace:
         extent = hi[:2] - lo[:2]
         eef = np.asarray(priv["eef_pos"])
         candidates: list[tuple[np.ndarray, float]] = []
-        if any(tag in obj for tag in BOWL_LIKE):
+        if any(tag in obj for tag in (*BOWL_LIKE, *FLAT_RIMMED)):
             # pinch the rim, fingers closing radially: one inside the bowl, one outside
             radius = float(min(extent)) / 2.0 - self.cfg.rim_inset
             z = hi[2] - self.cfg.grasp_depth * 0.7
@@ -209,14 +247,26 @@ class ScriptedPickPlace:
             # yaw 0 closes the fingers along y, yaw 90° along x; only where the object fits between them
             fits = [yaw for yaw, width in ((0.0, extent[1]), (np.pi / 2, extent[0])) if width < MAX_GRASP_WIDTH_M]
             candidates = [(point, yaw) for yaw in (fits or [0.0 if extent[1] <= extent[0] else np.pi / 2])]
-        # enough clearance (capped) first; then little wrist rotation; then the nearer point
-        grasp, yaw = max(candidates, key=lambda c: min(self._clearance(priv, c[0], c[1]), self.cfg.enough_clearance)
+        target_xy, support_top = self._support_top(priv)
+        obj_xy = np.asarray(priv[f"pose/{obj}"])[:2]
+
+        def hand_blocked_at_place(point: np.ndarray, yaw: float) -> bool:
+            """The hand would hit a neighbour of the target where this grasp puts it down (the object's
+            body on the target centre): the carry would stall against it, so another grasp is better."""
+            grip_above_bottom = max(float(point[2]), lo[2] + FINGER_TIP_BELOW_SITE_M + 0.003) - lo[2]
+            place_z = support_top + grip_above_bottom + self.cfg.place_clearance
+            site = np.array([*(target_xy + point[:2] - obj_xy), place_z])
+            return self._hand_gap(priv, site, yaw) < self.cfg.hand_margin
+
+        # a hand that fits where the object goes down first; then enough clearance (capped); then little
+        # wrist rotation; then the nearer point
+        grasp, yaw = max(candidates, key=lambda c: -float(hand_blocked_at_place(c[0], c[1]))
+                         + min(self._clearance(priv, c[0], c[1]), self.cfg.enough_clearance)
                          - 0.005 * abs(c[1]) - 0.01 * float(np.linalg.norm(c[0][:2] - eef[:2])))
         grasp = grasp.copy()
         grasp[2] = max(grasp[2], lo[2] + FINGER_TIP_BELOW_SITE_M + 0.003)
         logger.debug("grasp %s at %s, yaw %.0f°, clearance %.3f", obj, np.round(grasp, 3), np.degrees(yaw),
                      self._clearance(priv, grasp, yaw))
-        target_xy, support_top = self._support_top(priv)
         self._plan = {
             "grasp": grasp,
             "rot": _down_rotation(yaw),
