@@ -97,7 +97,7 @@ def _after_lift(rows: list[dict[str, Any]]) -> dict[str, Any]:
     measured = [r for r in rows if r.get("object_lift_m")]
     up = [r for r in measured if lifted(r)]
     by_label = success_by(up, lambda r: condition(r).sort_key)
-    counts = {k: len(v) for k, v in _group(measured).items()}
+    counts = {k: rate.trials for k, rate in success_by(measured, lambda r: condition(r).sort_key).items()}
     named = {condition(r).sort_key: condition(r).label for r in measured}
     return {"conditions": [{"label": named[k], "measured": counts[k],
                             "lifted": by_label[k].trials if k in by_label else 0,
@@ -105,13 +105,6 @@ def _after_lift(rows: list[dict[str, Any]]) -> dict[str, Any]:
                            for k in sorted(counts)],
             "overall": {"measured": len(measured), "lifted": len(up),
                         "success_given_lifted": overall(by_label.values()).to_dict()}}
-
-
-def _group(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    out: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        out.setdefault(condition(row).sort_key, []).append(row)
-    return out
 
 
 def _ablation_doc(names: tuple[str, str], result: RunComparison) -> dict[str, Any]:
