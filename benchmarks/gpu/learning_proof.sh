@@ -34,6 +34,7 @@
 #   LP_SFT_CONFIG (libero_sft_cosmos3_small; libero_goal_sft_cosmos3_small: the recipe for several goal tasks)
 #   LP_SWAP ("" ; e.g. "1:0 2:0": task 1 and task 2 each from task 0's init states)  LP_SWAP_STATES (0-9)
 #   LP_ABLATE (unset: no ablation; set, even to "", the constant instruction of the ablation eval)
+#   LP_EVAL_PARALLEL (0; 1: all the evals at once, their start-ups overlapping; output in $WORK/eval_NAME.out)
 #   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS, LP_SAVE_INTERVAL (the recipe's: 3520, 880)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
@@ -159,17 +160,38 @@ SWAP_STATES="${LP_SWAP_STATES:-0-9}"
 # "B:A B2:A2" -> the Hydra dict {B:A,B2:A2} and the instructed tasks B,B2
 swap_dict() { local pairs="${LP_SWAP// /,}"; echo "{$pairs}"; }
 swap_tasks() { local p out=""; for p in $LP_SWAP; do out="$out${out:+,}${p%%:*}"; done; echo "$out"; }
+# LP_EVAL_PARALLEL=1: every eval at once, each with its own Ray, SGLang server (ports never collide:
+# workers/rollout/ports.py) and envs, its output in $WORK/eval_NAME.out; the host's cores are shared, so
+# the start-ups (Ray, server, envs: ~90 s each on a 16-core H100 host) overlap instead of adding up.
+EVAL_PIDS=()
+eval_job() {  # eval_job NAME ARGS...: run_eval now, or in the background with LP_EVAL_PARALLEL=1
+  local name="$1"
+  if [ "${LP_EVAL_PARALLEL:-0}" = 1 ]; then
+    say "eval $name$SUFFIX started in the background (output: $WORK/eval_$name$SUFFIX.out)"
+    run_eval "$@" >"$WORK/eval_$name$SUFFIX.out" 2>&1 &
+    EVAL_PIDS+=("$!:$name")
+  else
+    run_eval "$@"
+  fi
+}
 if phase eval; then
-  run_eval all_seed42 42 "${LP_EVAL_STATES:-0-49}" "$TASK"
+  eval_job all_seed42 42 "${LP_EVAL_STATES:-0-49}" "$TASK"
   for seed in $EXTRA_SEEDS; do
-    run_eval "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-${LP_EVAL_STATES:-0-49}}" "$TASK"
+    eval_job "extra_seed$seed" "$seed" "${LP_EXTRA_STATES:-${LP_EVAL_STATES:-0-49}}" "$TASK"
   done
   if [ -n "${LP_SWAP:-}" ]; then  # the same physical starts under another instruction
-    run_eval swap_seed42 42 "$SWAP_STATES" "$(swap_tasks)" "++env.eval.init_states_from_task=$(swap_dict)"
+    eval_job swap_seed42 42 "$SWAP_STATES" "$(swap_tasks)" "++env.eval.init_states_from_task=$(swap_dict)"
   fi
   if [ -n "${LP_ABLATE+set}" ]; then  # every task's held-out episodes with one constant instruction
-    run_eval ablate_seed42 42 "$HELD_OUT" "$TASK" env.eval.instruction_override="'$LP_ABLATE'"
+    eval_job ablate_seed42 42 "$HELD_OUT" "$TASK" env.eval.instruction_override="'$LP_ABLATE'"
   fi
+  failed=""
+  for job in "${EVAL_PIDS[@]}"; do  # each one's result line and success rate, then whether it failed
+    pid="${job%%:*}"; name="${job#*:}"
+    if wait "$pid"; then say "eval $name$SUFFIX done"; else failed="$failed $name$SUFFIX"; fi
+    grep -E "eval: summary:|^eval_$name" "$WORK/eval_$name$SUFFIX.out" | tail -n 3 || true
+  done
+  [ -z "$failed" ] || { say "eval(s) failed:$failed (their output: $WORK/eval_*.out)"; exit 1; }
 fi
 
 if phase report; then
