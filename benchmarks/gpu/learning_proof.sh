@@ -35,6 +35,7 @@
 #   LP_SWAP ("" ; e.g. "1:0 2:0": task 1 and task 2 each from task 0's init states)  LP_SWAP_STATES (0-9)
 #   LP_ABLATE (unset: no ablation; set, even to "", the constant instruction of the ablation eval)
 #   LP_EVAL_PARALLEL (0; 1: all the evals at once, their start-ups overlapping; output in $WORK/eval_NAME.out)
+#   LP_TRAIN_REPEATS (all; e.g. 0: of several recorded demonstrations per init state, train on the first only)
 #   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS, LP_SAVE_INTERVAL (the recipe's: 3520, 880)
 #   LP_MAX_TRAIN_S (training stops cleanly, with a checkpoint, after this many seconds of training: counted
 #   from the first step, so a call with a time limit must also fit ~60 s of set-up, ~100 s to build the
@@ -90,6 +91,7 @@ hydra_list() { "$PY" -c "import sys; from rlinf_cosmos3.id_lists import parse_id
 # Episode indexes of the dataset whose recorded init state is in the given list (meta/episodes keeps it).
 episodes_of_states() {
   "$PY" - "$DEMOS" "$@" <<'EOF'
+import os
 import sys
 from pathlib import Path
 
@@ -98,10 +100,12 @@ import pyarrow.parquet as pq
 from rlinf_cosmos3.id_lists import parse_id_list
 
 root, wanted = Path(sys.argv[1]), set(parse_id_list(sys.argv[2:], "init states"))
-rows = pq.ParquetDataset(sorted((root / "meta" / "episodes").rglob("*.parquet"))).read(
-    columns=["episode_index", "init_state_id", "success"]).to_pylist()
+repeats = os.environ.get("LP_TRAIN_REPEATS", "")
+columns = ["episode_index", "init_state_id", "success"] + (["repeat"] if repeats else [])
+rows = pq.ParquetDataset(sorted((root / "meta" / "episodes").rglob("*.parquet"))).read(columns=columns).to_pylist()
+keep = set(parse_id_list([repeats], "LP_TRAIN_REPEATS")) if repeats else None
 print(",".join(str(r["episode_index"]) for r in sorted(rows, key=lambda r: r["episode_index"])
-               if r["init_state_id"] in wanted and r["success"]))
+               if r["init_state_id"] in wanted and r["success"] and (keep is None or r["repeat"] in keep)))
 EOF
 }
 
