@@ -32,7 +32,8 @@ LAYERS: dict[str, int] = {
     #    import each other without cycles.
     "actions": 1, "data": 1, "sim": 1, "models": 1, "components": 1, "checkpoint": 1,
     "cluster": 1, "tracking": 1, "demos": 1, "validation": 1,
-    # the RL pieces (flow-SDE steps and log-probs, the action chain on the policy's forward): like models/
+    # the RL pieces (flow-SDE steps and log-probs, the action chain on the policy's forward, GRPO advantages,
+    # the PPO losses, GAE, the value head): like models/
     "rl": 1,
     # 2: Ray workers (SFT actor, rollout backends, LIBERO env workers).
     "workers": 2,
@@ -197,7 +198,8 @@ def test_no_import_cycles_between_modules() -> None:
 
 CONFIG_MODULES = ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.config.eval", "rlinf_cosmos3.config.rollout",
                   "rlinf_cosmos3.config.replay", "rlinf_cosmos3.config.env", "rlinf_cosmos3.config.data",
-                  "rlinf_cosmos3.config.cluster", "rlinf_cosmos3.validation.sft", "rlinf_cosmos3.validation.eval")
+                  "rlinf_cosmos3.config.cluster", "rlinf_cosmos3.config.rl", "rlinf_cosmos3.validation.sft",
+                  "rlinf_cosmos3.validation.eval")
 HEAVY = ("torch", "ray", "diffusers", "transformers", "lerobot", "av", "sglang")
 
 
