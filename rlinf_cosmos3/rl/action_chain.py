@@ -1,9 +1,9 @@
 """The real model's hybrid ODE/SDE denoising chain for a batch of observations, and its log-prob recomputed.
 
 Rollout (:func:`sample_action_chain`) and training (:func:`chain_log_prob`) compute the velocity with ONE
-function, :func:`packed_velocity`, which is the policy's packed training forward (its memoised segments and
-packed sequence, document-masked attention, one transformer call per pack, timesteps ``1000 * t`` as in
-training). So the ratio on unchanged weights is 1 by construction, not by two code paths agreeing. The
+function, :func:`packed_velocity`, which is the policy's packed training forward
+(:meth:`~rlinf_cosmos3.models.cosmos3.policy.Cosmos3Policy.packed_velocity`: its memoised segments and packed
+sequence, document-masked attention, one transformer call per pack, timesteps ``1000 * t`` as in training). So the ratio on unchanged weights is 1 by construction, not by two code paths agreeing. The
 diffusers pipeline is not hooked: its UniPC scheduler is a multistep predictor-corrector whose corrector
 would rewrite a stochastic sample with past velocities, so a step of it is not one Gaussian of the current
 state; and it runs one observation at a time.
@@ -25,9 +25,6 @@ from typing import Any
 
 import torch
 
-from rlinf_cosmos3.models.cosmos3.flow_matching import pack_timesteps
-from rlinf_cosmos3.models.cosmos3.packed_attention import packed_processor_of
-from rlinf_cosmos3.models.cosmos3.packing import split_into_packs
 from rlinf_cosmos3.rl.flow_sde import (
     action_log_prob_mask,
     gaussian_log_prob,
@@ -37,8 +34,8 @@ from rlinf_cosmos3.rl.flow_sde import (
     sde_step_mean_std,
 )
 
-__all__ = ["ActionChain", "chain_log_prob", "denoising_grid", "packed_velocity",
-           "sample_action_chain"]
+__all__ = ["ActionChain", "Generators", "chain_log_prob", "denoising_grid", "packed_velocity",
+           "prompt_token_ids", "sample_action_chain"]
 
 
 @dataclass
@@ -79,87 +76,92 @@ def denoising_grid(policy: Any, num_steps: int) -> list[float]:
 def packed_velocity(policy: Any, input_ids: Sequence[Sequence[int]], xt_vision: torch.Tensor,
                     xt_action: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Velocities (``[B, C, T, h, w]``, ``[B, H, D]`` float32) of a batch of states at per-sample times ``t``
-    (``[B]``), through the policy's packed training forward: samples split into packs by its
-    ``max_tokens_per_pack``, each pack one transformer call. Differentiable in the transformer's weights."""
-    batch, _, frames, _, _ = xt_vision.shape
-    horizon = xt_action.shape[1]
-    device, dtype = policy.device, policy.compute_dtype
-    cpu = torch.device("cpu")
-    segments = [policy._segments_for(list(ids), (1, *xt_vision.shape[1:]), horizon, cpu) for ids in input_ids]
-    sigma = torch.as_tensor(t, dtype=torch.float64).to(torch.float32).to(device)
-    parts_v, parts_a = [], []
-    for pack in split_into_packs([seg["sequence_length"] for seg in segments], policy.cfg.max_tokens_per_pack):
-        static, layout, index = policy._packed_sequence([segments[i] for i in pack])
-        rows = torch.tensor(pack, device=device)
-        vision = xt_vision.to(device).index_select(0, rows)
-        vision = vision.transpose(0, 1).reshape(1, vision.shape[1], len(pack) * frames, *vision.shape[3:])
-        action = xt_action.to(device).index_select(0, rows).flatten(0, 1)
-        kwargs = {**static, "vision_tokens": [vision.to(dtype)], "action_tokens": [action.to(dtype)],
-                  "vision_timesteps": pack_timesteps(sigma[rows], index.vision_timestep_owner),
-                  "action_timesteps": pack_timesteps(sigma[rows], index.action_timestep_owner)}
-        if len(pack) == 1:
-            preds_v, _, preds_a = policy.transformer(**kwargs, return_dict=False)
-        else:
-            processor = packed_processor_of(policy.transformer)
-            if processor is None:
-                raise RuntimeError("packing several samples needs the policy's packed attention processor")
-            with processor.packed(layout):
-                preds_v, _, preds_a = policy.transformer(**kwargs, return_dict=False)
-        pred_v = preds_v[0].float()
-        parts_v.append(pred_v.reshape(pred_v.shape[1], len(pack), frames, *pred_v.shape[3:]).transpose(0, 1))
-        parts_a.append(preds_a[0].float().reshape(len(pack), horizon, -1))
-    velocity_v, velocity_a = torch.cat(parts_v), torch.cat(parts_a)
+    (``[B]``), through the policy's packed training forward (:meth:`Cosmos3Policy.packed_velocity`), masked as the
+    pipeline masks them: the condition frame does not move, the padded action channels stay zero.
+    Differentiable in the transformer's weights."""
+    sigma = torch.as_tensor(t, dtype=torch.float64).to(torch.float32)
+    velocity_v, velocity_a = policy.packed_velocity(input_ids, xt_vision, xt_action, sigma)
     velocity_v = velocity_v.clone()
     velocity_v[:, :, 0] = 0  # the condition frame does not move (the pipeline masks its velocity too)
     raw = policy.domain.raw_action_dim
     return velocity_v, torch.cat([velocity_a[..., :raw], torch.zeros_like(velocity_a[..., raw:])], dim=-1)
 
 
+Generators = torch.Generator | Sequence[torch.Generator]
+"""One generator for the whole batch, or one per decision (row ``i`` draws only from generator ``i``, so a
+decision's draws do not depend on which batch it was sampled in)."""
+
+
+def _randn(shape: Sequence[int], generator: Generators, device: torch.device) -> torch.Tensor:
+    """Standard normal ``[B, ...]`` on ``device``, drawn on the generator's device (see :data:`Generators`)."""
+    if isinstance(generator, torch.Generator):
+        return torch.randn(tuple(shape), generator=generator, device=generator.device).to(device)
+    return torch.stack([torch.randn(tuple(shape[1:]), generator=g, device=g.device).to(device) for g in generator])
+
+
+def _pick(batch: int, num_steps: int, generator: Generators, candidates: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(generator, torch.Generator):
+        return pick_sde_steps(batch, num_steps, generator, candidates)
+    return torch.cat([pick_sde_steps(1, num_steps, g, candidates) for g in generator])
+
+
+def prompt_token_ids(policy: Any, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Token ids per decision: a string is the task, tokenized as the ``diffusers`` policy caption
+    (``policy.processor.prompt_ids``); a sequence of ints is taken as already tokenized (any caption style)."""
+    return [policy.processor.prompt_ids(p)[0] if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+
+
 @torch.no_grad()
 def sample_action_chain(
     policy: Any,
     latents: torch.Tensor,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[Sequence[int]],
     *,
     num_steps: int,
     noise_level: float,
     executed_steps: int | torch.Tensor,
-    generator: torch.Generator,
+    generator: Generators,
     sde_candidates: torch.Tensor | None = None,
 ) -> ActionChain:
     """Denoise a batch of observations (``latents`` ``[B, C, T, h, w]`` float32 whose frame 0 is each observation's
     condition latent, as ``policy.processor.encode_canvases`` gives it for the canvas held over the clip)
     with one flow-SDE step per decision; everything drawn from ``generator`` (SDE steps, initial noise, the
-    SDE noise), so a seeded rollout repeats. ``executed_steps``: how many chunk steps the env runs (the mask)."""
+    SDE noise; one per batch or one per decision), so a seeded rollout repeats. ``prompts``: task strings or
+    token ids (:func:`prompt_token_ids`). ``executed_steps``: how many chunk steps the env runs (the mask).
+    ``noise_level`` 0 is the deterministic Euler ODE (eval): there is no density, ``old_log_prob`` is NaN."""
     batch, channels, frames, height, width = latents.shape
     horizon, action_dim, raw = policy.cfg.action_horizon, policy.transformer.config.action_dim, \
         policy.domain.raw_action_dim
     if len(prompts) != batch:
         raise ValueError(f"{len(prompts)} prompts for {batch} observations")
-    input_ids = [policy.processor.prompt_ids(p)[0] for p in prompts]
+    if not isinstance(generator, torch.Generator) and len(generator) != batch:
+        raise ValueError(f"{len(generator)} generators for {batch} observations")
+    input_ids = prompt_token_ids(policy, prompts)
     grid = denoising_grid(policy, num_steps)
     t_cap = grid[1]
-    chosen = pick_sde_steps(batch, num_steps, generator, sde_candidates)
-    gen_device = generator.device
+    chosen = _pick(batch, num_steps, generator, sde_candidates)
+    device = latents.device
     condition = latents[:, :, :1].float()
-    noise_v = torch.randn(latents.shape, generator=generator, device=gen_device).to(latents.device)
+    noise_v = _randn(latents.shape, generator, device)
     x_v = torch.cat([condition, noise_v[:, :, 1:]], dim=2)
-    x_a = torch.randn(batch, horizon, action_dim, generator=generator, device=gen_device).to(latents.device)
+    x_a = _randn((batch, horizon, action_dim), generator, device)
     x_a[..., raw:] = 0
     mask = action_log_prob_mask(batch, horizon, action_dim, raw, executed_steps, device=x_a.device)
     keep_v, keep_a, keep_next = torch.zeros_like(x_v), torch.zeros_like(x_a), torch.zeros_like(x_a)
-    old_log_prob = torch.zeros(batch, dtype=torch.float32, device=x_a.device)
+    old_log_prob = torch.full((batch,), 0.0 if noise_level else float("nan"), dtype=torch.float32, device=device)
     for i in range(num_steps):
         t, t_next = grid[i], grid[i + 1]
         v_v, v_a = packed_velocity(policy, input_ids, x_v, x_a, torch.full((batch,), t, dtype=torch.float64))
         rows = (chosen == i).to(x_a.device)
-        step = hybrid_step(x_a, v_a, t, t_next, rows, noise_level, generator, t_cap=t_cap)
+        noise = _randn(x_a.shape, generator, device)
+        step = hybrid_step(x_a, v_a, t, t_next, rows, noise_level, generator=None, t_cap=t_cap, noise=noise)
         x_next = step.x_next.clone()
         x_next[..., raw:] = 0
         if bool(rows.any()):
             keep_v[rows], keep_a[rows], keep_next[rows] = x_v[rows], x_a[rows], x_next[rows]
-            log_prob = gaussian_log_prob(x_next, step.mean, step.std, mask)
-            old_log_prob = torch.where(rows, log_prob.float(), old_log_prob)
+            if noise_level:
+                log_prob = gaussian_log_prob(x_next, step.mean, step.std, mask)
+                old_log_prob = torch.where(rows, log_prob.float(), old_log_prob)
         x_v = ode_step(x_v, v_v, t, t_next)
         x_v[:, :, :1] = condition
         x_a = x_next

@@ -154,14 +154,20 @@ def hybrid_step(
     generator: torch.Generator | None,
     *,
     t_cap: float | None = None,
+    noise: torch.Tensor | None = None,
 ) -> HybridStep:
     """Step a batch ``[B, ...]`` from ``t`` to ``t_next``: rows where ``sde_rows`` (``[B]`` bool) is set draw
     from the flow-SDE Gaussian, the others take the ODE (Euler) step. The noise is drawn for the whole batch
-    (one draw per step whatever the rows), so which rows are stochastic never shifts another row's noise."""
+    (one draw per step whatever the rows), so which rows are stochastic never shifts another row's noise.
+    ``noise``: that standard normal draw, made by the caller (per-row generators); None: drawn from ``generator``."""
     ode = ode_step(x_t, velocity, t, t_next)
     sde_mean, sde_std = sde_step_mean_std(x_t, velocity, t, t_next, noise_level, t_cap=t_cap)
-    device = generator.device if generator is not None else x_t.device
-    noise = torch.randn(x_t.shape, generator=generator, device=device, dtype=x_t.dtype).to(x_t.device)
+    if noise is None:
+        device = generator.device if generator is not None else x_t.device
+        noise = torch.randn(x_t.shape, generator=generator, device=device, dtype=x_t.dtype)
+    elif noise.shape != x_t.shape:
+        raise ValueError(f"noise {tuple(noise.shape)} for a state {tuple(x_t.shape)}")
+    noise = noise.to(x_t.device, x_t.dtype)
     rows = _bcast(sde_rows.to(x_t.device, torch.bool), x_t)
     mean = torch.where(rows, sde_mean, ode)
     std = torch.where(rows, sde_std, torch.zeros_like(sde_std))

@@ -343,7 +343,14 @@ class Cosmos3Policy(nn.Module):
         kwargs = {**static, "vision_tokens": [noisy.xt_vision.to(dtype)], "action_tokens": [noisy.xt_action.to(dtype)],
                   "vision_timesteps": pack_timesteps(draws.sigma, index.vision_timestep_owner),
                   "action_timesteps": pack_timesteps(draws.sigma_action, index.action_timestep_owner)}
-        if len(samples) == 1:
+        pred_v, pred_a = self._call_pack(kwargs, len(samples), layout)
+        return pack_losses(noisy, pred_v, pred_a, raw_dim)
+
+    def _call_pack(self, kwargs: dict[str, Any], num_samples: int,
+                   layout: DocumentLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """One transformer call on a pack's arguments: diffusers' own attention for one sample, the packed
+        document attention for several. The (vision, action) predictions of the pack's one merged item each."""
+        if num_samples == 1:
             preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
         else:
             processor = packed_processor_of(self.transformer)
@@ -354,7 +361,39 @@ class Cosmos3Policy(nn.Module):
                 )
             with processor.packed(layout):
                 preds_v, _, preds_a = self.transformer(**kwargs, return_dict=False)
-        return pack_losses(noisy, preds_v[0], preds_a[0], raw_dim)
+        return preds_v[0], preds_a[0]
+
+    def packed_velocity(self, input_ids: Sequence[Sequence[int]], xt_vision: torch.Tensor, xt_action: torch.Tensor,
+                        sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity predictions (float32 ``[B, C, T, h, w]``, ``[B, H, action_dim]``) for a batch of noisy states at
+        per-sample ``sigma`` (``[B]``), through the loss's own forward: the same segments and packs (split by
+        ``max_tokens_per_pack``), one transformer call per pack, timesteps ``1000 sigma``. RL samples and rescores
+        its chains with it, so rollout and training share one forward. Nothing is masked: the condition frame's
+        and the padded channels' predictions are the caller's to discard. Differentiable in the weights."""
+        batch, _, frames, _, _ = xt_vision.shape
+        if len(input_ids) != batch or xt_action.shape[0] != batch:
+            raise ValueError(f"{len(input_ids)} prompts, {batch} vision and {xt_action.shape[0]} action states")
+        horizon = xt_action.shape[1]
+        device, dtype = self.device, self.compute_dtype
+        cpu = torch.device("cpu")
+        segments = [self._segments_for(list(ids), (1, *xt_vision.shape[1:]), horizon, cpu) for ids in input_ids]
+        sigma = torch.as_tensor(sigma).to(device)
+        parts_v, parts_a = [], []
+        for pack in split_into_packs([seg["sequence_length"] for seg in segments], self.cfg.max_tokens_per_pack):
+            static, layout, index = self._packed_sequence([segments[i] for i in pack])
+            rows = torch.tensor(pack, device=device)
+            # samples enter as one item: frames concatenated along time, action tokens along the token axis
+            vision = xt_vision.to(device).index_select(0, rows)
+            vision = vision.transpose(0, 1).reshape(1, vision.shape[1], len(pack) * frames, *vision.shape[3:])
+            action = xt_action.to(device).index_select(0, rows).flatten(0, 1)
+            kwargs = {**static, "vision_tokens": [vision.to(dtype)], "action_tokens": [action.to(dtype)],
+                      "vision_timesteps": pack_timesteps(sigma[rows], index.vision_timestep_owner),
+                      "action_timesteps": pack_timesteps(sigma[rows], index.action_timestep_owner)}
+            pred_v, pred_a = self._call_pack(kwargs, len(pack), layout)
+            pred_v = pred_v.float()
+            parts_v.append(pred_v.reshape(pred_v.shape[1], len(pack), frames, *pred_v.shape[3:]).transpose(0, 1))
+            parts_a.append(pred_a.float().reshape(len(pack), horizon, -1))
+        return torch.cat(parts_v), torch.cat(parts_a)  # packs are consecutive runs of samples: batch order
 
     def _packed_sequence(self, segments: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout, PackIndex]:
         """The packed call's sequence arguments (ids, positions, indexes, merged items) and the pack's
