@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-from rlinf_cosmos3.models.cosmos3.captions import cosmos_framework_training_caption, paraphrases
+from rlinf_cosmos3.models.cosmos3.captions import (
+    cosmos_framework_eval_caption,
+    cosmos_framework_training_caption,
+    eval_request_text,
+    paraphrases,
+)
 from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
 from rlinf_cosmos3.models.cosmos3.keyed_noise import NoiseKeys
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
@@ -145,6 +150,20 @@ class PolicyProcessor:
             self._caption_ids[caption] = (list(ids), list(uncond))
         return self._caption_ids[caption]
 
+    def eval_prompt_ids(self, task: str) -> list[int]:
+        """Token ids of the caption the eval prompts ``task`` with, in the configured style, as the embedded
+        backend's pipeline tokenizes it (:func:`~rlinf_cosmos3.models.cosmos3.inference.predict_actions` on the
+        adapter's request text): ``diffusers`` builds the policy caption from the task, ``cosmos_framework`` is
+        NVIDIA's eval caption, verbatim. Conditional ids only: the eval samples with guidance 1.0. An in-process
+        sampler (RL rollouts) prompts with these, so it acts on what the evaluated policy reads."""
+        cfg = self.cfg
+        text = eval_request_text(cfg.caption_style, task.strip())
+        if cfg.caption_style == "diffusers":
+            return self.prompt_ids(text)[0]
+        caption = cosmos_framework_eval_caption(text, action_horizon=cfg.action_horizon, num_frames=cfg.num_frames,
+                                                fps=cfg.fps, height=cfg.canvas_height, width=cfg.canvas_width)
+        return self.caption_ids(caption)[0]
+
     def training_caption(self, task: str, idle_frames: int, generator: torch.Generator | int | None = None,
                          position: int = 0) -> str:
         """NVIDIA's training caption of one sample (``cosmos_framework`` style).
@@ -186,14 +205,19 @@ class PolicyProcessor:
     # ------------------------------------------------------------------------------- pixels
 
     @torch.no_grad()
-    def encode_canvases(self, canvases: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[B, T, 3, H, W]`` canvases -> clean latents ``[B, C, T_latent, h, w]`` (the VAE's dtype)."""
+    def encode_canvases(self, canvases: torch.Tensor, num_frames: int | None = None) -> torch.Tensor:
+        """uint8 ``[B, T, 3, H, W]`` canvases -> clean latents ``[B, C, T_latent, h, w]`` (the VAE's dtype).
+
+        The clip is the first ``num_frames`` (default: the policy's) frames, the last one held where there are
+        fewer, as the pipeline holds a policy condition's image. ``num_frames=1`` encodes the first frame alone:
+        the Wan VAE encodes a clip's frame 0 in a chunk of its own, so its latent is the same."""
         cfg, pipe = self.cfg, self.pipeline
+        num_frames = cfg.num_frames if num_frames is None else int(num_frames)
         latents = []
         for start in range(0, canvases.shape[0], cfg.vae_batch_size):
             chunk = canvases[start : start + cfg.vae_batch_size].to(self.device)
             video, image_size, height, width = pipe._prepare_action_video_conditioning(
-                chunk.to(torch.float32) / 255.0, cfg.resolution_tier, cfg.num_frames,
+                chunk.to(torch.float32) / 255.0, cfg.resolution_tier, num_frames,
                 device=self.device, dtype=torch.float32,
             )
             if (height, width) != (cfg.canvas_height, cfg.canvas_width):
