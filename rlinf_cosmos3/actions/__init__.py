@@ -4,6 +4,7 @@ The conventions and where they come from are written up in docs/action_conventio
 """
 
 from rlinf_cosmos3.actions.conversion import actions_7_to_10, actions_10_to_7
+from rlinf_cosmos3.actions.decoding import EnvActionDecoder
 from rlinf_cosmos3.actions.encoding import encode_model_actions
 from rlinf_cosmos3.actions.gripper import (
     GRIPPER_COMMANDS,
@@ -44,6 +45,7 @@ __all__ = [
     "STAT_FIELDS",
     "ActionNormalizer",
     "ActionStatsError",
+    "EnvActionDecoder",
     "EpisodeActions",
     "actions_10_to_7",
     "actions_7_to_10",

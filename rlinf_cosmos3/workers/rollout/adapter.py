@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlinf_cosmos3.actions import ActionNormalizer, actions_10_to_7, dataset_gripper_to_libero_command
-from rlinf_cosmos3.actions.conversion import GRIPPER_INDEX_7
+from rlinf_cosmos3.actions import ActionNormalizer, EnvActionDecoder
 from rlinf_cosmos3.models.cosmos3.captions import eval_request_text
 from rlinf_cosmos3.workers.observation_keys import (
     EPISODE_STEPS,
@@ -121,6 +120,8 @@ class Cosmos3ActionAdapter:
         self.batching_max_size = batching_max_size
         self.response_format = response_format
         self.normalizer = ActionNormalizer(model_cfg.action_stats_path, model_cfg.action_normalization)
+        self.decoder = EnvActionDecoder(self.normalizer, model_cfg.rot6d_decode, model_cfg.gripper_convention,
+                                        model_cfg.gripper_command)
         self.settings = SamplingSettings.of(model_cfg)
         self._token_lengths: PromptTokenLengths | None = None
 
@@ -184,15 +185,9 @@ class Cosmos3ActionAdapter:
         return self.model_to_env_actions(actions[..., :width])
 
     def model_to_env_actions(self, normalized: np.ndarray) -> np.ndarray:
-        """Normalised ``[..., 10]`` model output -> ``[..., 7]`` float32 commands (gripper -1 open / +1 close)."""
-        normalized = np.asarray(normalized, dtype=np.float64)
-        if not np.isfinite(normalized).all():
-            raise ValueError("the model returned non-finite actions")
-        cfg = self.model_cfg
-        actions = actions_10_to_7(self.normalizer.denormalize(normalized), cfg.rot6d_decode)
-        actions[..., GRIPPER_INDEX_7] = dataset_gripper_to_libero_command(
-            actions[..., GRIPPER_INDEX_7], cfg.gripper_convention, cfg.gripper_command)
-        return actions.astype(np.float32)
+        """Normalised ``[..., 10]`` model output -> ``[..., 7]`` float32 commands (gripper -1 open / +1 close):
+        :class:`~rlinf_cosmos3.actions.decoding.EnvActionDecoder`, shared with the RL rollout sampler."""
+        return self.decoder(normalized)
 
     @staticmethod
     def restore_order(groups: Sequence[RequestGroup], results: Sequence[np.ndarray], num_envs: int) -> np.ndarray:
