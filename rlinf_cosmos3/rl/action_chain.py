@@ -34,8 +34,8 @@ from rlinf_cosmos3.rl.flow_sde import (
     sde_step_mean_std,
 )
 
-__all__ = ["ActionChain", "Generators", "chain_log_prob", "denoising_grid", "packed_velocity",
-           "prompt_token_ids", "sample_action_chain"]
+__all__ = ["ActionChain", "Generators", "cat_chains", "chain_log_prob", "denoising_grid", "packed_velocity",
+           "prompt_token_ids", "sample_action_chain", "select_rows"]
 
 
 @dataclass
@@ -63,6 +63,35 @@ class ActionChain:
     """``[B]``: the log-prob of the SDE step under the rollout's weights."""
     actions: torch.Tensor
     """``[B, H, raw_action_dim]``: the normalised action chunks at the chain's end (what the env gets)."""
+
+
+_ROW_FIELDS = ("sde_step", "t", "t_next", "xt_vision", "xt_action", "x_next_action", "mask", "old_log_prob",
+               "actions")
+"""The ``[B, ...]`` tensor fields of :class:`ActionChain` (``input_ids`` is the list alongside them)."""
+
+
+def cat_chains(chains: Sequence[ActionChain]) -> ActionChain:
+    """Decisions of several sampling calls as one batch (a round's decisions, then split into minibatches with
+    :func:`select_rows`); they must share the noise level and the grid's ``t_cap``."""
+    if not chains:
+        raise ValueError("no chains to concatenate")
+    first = chains[0]
+    for chain in chains[1:]:
+        if (chain.noise_level, chain.t_cap) != (first.noise_level, first.t_cap):
+            raise ValueError(f"chains of noise level / t_cap {(chain.noise_level, chain.t_cap)} and "
+                             f"{(first.noise_level, first.t_cap)} cannot form one batch")
+    tensors = {name: torch.cat([getattr(c, name) for c in chains]) for name in _ROW_FIELDS}
+    return ActionChain(input_ids=[ids for c in chains for ids in c.input_ids], noise_level=first.noise_level,
+                       t_cap=first.t_cap, **tensors)
+
+
+def select_rows(chain: ActionChain, rows: Sequence[int] | torch.Tensor) -> ActionChain:
+    """The decisions ``rows`` of a chain (a minibatch), in that order."""
+    index = torch.as_tensor(rows, dtype=torch.long)
+    tensors = {name: getattr(chain, name).index_select(0, index.to(getattr(chain, name).device))
+               for name in _ROW_FIELDS}
+    return ActionChain(input_ids=[chain.input_ids[int(i)] for i in index], noise_level=chain.noise_level,
+                       t_cap=chain.t_cap, **tensors)
 
 
 def denoising_grid(policy: Any, num_steps: int) -> list[float]:
