@@ -19,17 +19,20 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlinf_cosmos3.config.eval import EvalConfig
+from rlinf_cosmos3.config.rl import RLConfig
 from rlinf_cosmos3.config.sft import SFTConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SFT_DIR = REPO / "examples/sft/config"
 EVAL_DIR = REPO / "evaluations/libero"
+RL_DIR = REPO / "examples/rl/config"
 MISSING = "???"
 """A required value (path, stats file): the YAML names it so that a user sees what to supply; not a default."""
 
 REFERENCE_YAMLS = {
     "sft": (SFTConfig, [(SFT_DIR / "libero_sft_cosmos3.yaml", ""), (SFT_DIR / "model/cosmos3.yaml", "actor.model")]),
     "eval": (EvalConfig, [(EVAL_DIR / "libero_spatial_cosmos3_eval_sglang.yaml", "")]),
+    "rl": (RLConfig, [(RL_DIR / "libero_rl_cosmos3.yaml", "")]),
 }
 """Schema and the reference recipe's own files (with the key each is mounted at)."""
 

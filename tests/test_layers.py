@@ -198,8 +198,8 @@ def test_no_import_cycles_between_modules() -> None:
 
 CONFIG_MODULES = ("rlinf_cosmos3.config.sft", "rlinf_cosmos3.config.eval", "rlinf_cosmos3.config.rollout",
                   "rlinf_cosmos3.config.replay", "rlinf_cosmos3.config.env", "rlinf_cosmos3.config.data",
-                  "rlinf_cosmos3.config.cluster", "rlinf_cosmos3.config.rl", "rlinf_cosmos3.validation.sft",
-                  "rlinf_cosmos3.validation.eval")
+                  "rlinf_cosmos3.config.cluster", "rlinf_cosmos3.config.rl", "rlinf_cosmos3.config.rl_env",
+                  "rlinf_cosmos3.validation.sft", "rlinf_cosmos3.validation.eval", "rlinf_cosmos3.validation.rl")
 HEAVY = ("torch", "ray", "diffusers", "transformers", "lerobot", "av", "sglang")
 
 

@@ -33,8 +33,13 @@ def test_generation_keys_are_the_sft_recipes() -> None:
     assert err.value.field == "actor.trainable"
 
 
+REQUIRED = ["rollout.model.model_path=/model", "rollout.model.action_stats_path=/stats.json",
+            "rollout.model.action_normalization=quantile_rot"]
+"""The fields without a default (``???``): a run names its model and stats; the values checks need them set."""
+
+
 def _validate(overrides: list[str]) -> RLConfig:
-    return load_structured(RLConfig, OmegaConf.from_dotlist(overrides)).validate()
+    return load_structured(RLConfig, OmegaConf.from_dotlist(REQUIRED + overrides)).validate()
 
 
 @pytest.mark.parametrize(("overrides", "field", "words"), [
@@ -87,7 +92,7 @@ def test_the_group_size_fix_names_a_multiple() -> None:
 
 
 def test_good_alternatives_pass() -> None:
-    cfg = _validate(["algorithm.name=ppo", "algorithm.group_size=1", "rollout.num_envs=7", "algorithm.dual_clip=null",
+    cfg = _validate(["algorithm.name=ppo", "algorithm.group_size=1", "rollout.num_envs=7", "env.pipeline_stage_num=1", "algorithm.dual_clip=null",
                      "actor.trainable=all", "runner.eval_interval=null", "algorithm.update_epochs=4"])
     assert cfg.algorithm.dual_clip is None and trainable_keys(cfg.actor.trainable) is None
 

@@ -3,8 +3,14 @@ but the config.
 
 Sections follow RLinf's embodied YAMLs: ``algorithm`` (GRPO or PPO and their constants), ``rollout`` (envs
 per round and the flow-SDE sampler), ``actor`` (what is trained, learning rates, value head), ``runner``
-(iterations, checkpoints, online eval). Not yet mounted in a Hydra YAML or an entry point; :meth:`RLConfig.
-validate` raises :class:`ConfigError` naming the field and the fix, as the SFT and eval schemas do.
+(iterations, checkpoints, online eval), with ``cluster`` and ``env`` (:mod:`rlinf_cosmos3.config.rl_env`) as the
+other run configs have them. The schema of ``examples/rl/config/*.yaml`` (Hydra's config store: ``rl_schema``);
+:meth:`RLConfig.validate` checks the values and raises :class:`ConfigError` naming the field and the fix, as the
+SFT and eval schemas do; :func:`rlinf_cosmos3.validation.rl.load_rl_config` adds what is on disk (the model
+directory and its identity, the stats file, the checkpoint to resume, the simulator environment).
+
+The actor reuses the SFT rank's pieces (policy loading, FSDP2, AdamW, checkpoints); :func:`sft_view` is the RL run
+as those pieces read an SFT config.
 
 Why these defaults (docs/rl.md, "The algorithm"): RLinf's LIBERO recipes for pi0 (``libero_*_grpo_openpi``,
 ``libero_*_ppo_openpi``): group size 8, clip 0.2 both ways, dual clip 3, GRPO 2 update epochs (PPO 4), no KL
@@ -18,8 +24,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlinf_cosmos3.config.base import require, require_one_of
+from rlinf_cosmos3.config.base import PRECISIONS, require, require_one_of
+from rlinf_cosmos3.config.cluster import ClusterConfig
+from rlinf_cosmos3.config.data import LiberoDataConfig
 from rlinf_cosmos3.config.model_settings import NUM_INFERENCE_STEPS, RECIPE
+from rlinf_cosmos3.config.rl_env import RLEnvConfig
+from rlinf_cosmos3.config.rollout import RolloutModelConfig
+from rlinf_cosmos3.config.sft import (
+    ATTENTION_BACKENDS,
+    DEFAULT_MAX_TOKENS_PER_PACK,
+    ActorConfig,
+    DataLoaderConfig,
+    ModelConfig,
+    OnlineEvalConfig,
+    OptimConfig,
+    RunnerConfig,
+    SFTConfig,
+)
 
 ALGORITHMS = ("grpo", "ppo")
 """``algorithm.name``: GRPO (group-normalised episode returns, no critic) or PPO (value head + GAE)."""
@@ -85,6 +106,11 @@ class RLRolloutConfig:
     executed_steps: int = RECIPE.action_horizon
     """Commands of each chunk the env runs before the next decision, and the chunk steps the log-prob counts:
     the whole chunk (16), as the eval runs it (``env.eval.open_loop_steps`` null)."""
+    model: RolloutModelConfig = field(default_factory=RolloutModelConfig)
+    """The diffusers directory RL starts from and the settings it was trained with, as an eval's ``rollout.model``
+    states them (checked against its ``model_identity.json`` before anything starts). Collocated: the actor
+    trains these weights and the rollouts sample with them. Its ``flow_shift``, ``gripper_command`` and
+    ``rot6d_decode`` act on the rollouts as on an eval; the chain's steps are ``rollout.num_denoising_steps``."""
 
 
 @dataclass
@@ -105,38 +131,106 @@ class RLActorConfig:
     """Global gradient-norm clip."""
     value_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256, 128])
     """PPO: hidden widths of the value head's MLP (RLinf's pi0)."""
+    precision: str = "bf16"
+    """Compute dtype on a GPU (FSDP2 mixed precision over fp32 master weights, as SFT); a CPU run is fp32."""
+    activation_checkpointing: bool = True
+    """Recompute decoder layers in the update's backward (SFT's default; false is faster where memory allows)."""
+    max_tokens_per_pack: int | None = DEFAULT_MAX_TOKENS_PER_PACK
+    """Decisions share one transformer call up to this many tokens, in the rollouts and the update (SFT's packing)."""
+    attention_backend: str = "auto"
+    """Packed attention: ``flex`` (GPU), ``loop`` (any device) or ``auto``."""
 
 
 @dataclass
 class RLRunnerConfig:
     """``runner``: how long, how often to save and evaluate."""
 
+    experiment_name: str = "libero_rl_cosmos3"
+    logs_dir: str = "logs"
+    """Where the run directory ``<logs_dir>/<timestamp>-<config>/`` (log, TensorBoard, config) goes."""
+    log_path: str = "logs"
+    """Root for checkpoints: ``<log_path>/<experiment_name>/checkpoints/global_step_<iteration>/``."""
     max_iterations: int = 20
     """Iterations of (rollout round, ``update_epochs`` passes)."""
     save_interval: int = 5
-    """Save ``global_step_<iteration>`` every this many iterations."""
-    eval_interval: int | None = 5
-    """Evaluate the checkpoint saved at that iteration with the deterministic sampler (a multiple of
-    ``save_interval``); null: no evaluation during training."""
+    """Save ``global_step_<iteration>`` every this many iterations (and after the last)."""
+    resume_dir: str | None = None
+    """A ``.../checkpoints/global_step_<N>`` of an RL run to continue from exactly (policy, optimizer, RNG,
+    iteration, the episode and env-step counts)."""
+    max_checkpoints_to_keep: int | None = None
+    """Keep only the newest K checkpoints (SFT's retention: the ``resume_dir`` one is never deleted); None: all."""
+    eval_interval: int | None = None
+    """Evaluate the checkpoint saved at that iteration in LIBERO (SFT's online evaluation: converted, then the
+    eval config ``online_eval.config_name`` with the embedded backend, in a process of its own); a multiple of
+    ``save_interval``; null: no evaluation during training."""
+    online_eval: OnlineEvalConfig = field(default_factory=OnlineEvalConfig)
     seed: int = 42
+    """Seeds the init states' order, every decision's noise (per iteration, env, attempt and decision) and the
+    minibatch shuffles."""
 
 
 @dataclass
 class RLConfig:
     """The RL recipe."""
 
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     algorithm: RLAlgorithmConfig = field(default_factory=RLAlgorithmConfig)
     rollout: RLRolloutConfig = field(default_factory=RLRolloutConfig)
     actor: RLActorConfig = field(default_factory=RLActorConfig)
+    env: RLEnvConfig = field(default_factory=RLEnvConfig)
     runner: RLRunnerConfig = field(default_factory=RLRunnerConfig)
 
     def validate(self) -> RLConfig:
-        """Every value rule; raises :class:`ConfigError` naming the first bad field and its fix."""
+        """Every value rule; raises :class:`ConfigError` naming the first bad field and its fix. (``rollout.model``
+        is checked with the model directory it names, in :mod:`rlinf_cosmos3.validation.rl`.)"""
         check_algorithm(self.algorithm)
         check_rollout(self.rollout, self.algorithm)
         check_actor(self.actor)
         check_runner(self.runner)
+        self.cluster.validate("cluster")
+        require(self.cluster.world_size == 1, "cluster.num_gpus_per_node" if self.cluster.use_gpus
+                else "cluster.num_cpu_ranks_per_node",
+                f"the RL actor runs on one rank for now, this config asks for {self.cluster.world_size}",
+                "use one GPU (cluster.num_gpus_per_node=1) or one CPU rank (cluster.num_cpu_ranks_per_node=1); "
+                "sharding the collocated sampler over ranks is not built yet (docs/rl.md)")
+        self.env.validate(self.rollout.num_envs, self.rollout.executed_steps)
         return self
+
+
+def sft_view(cfg: RLConfig) -> SFTConfig:
+    """The RL run as the SFT pieces read an SFT config: the policy loader and FSDP2 wrapping
+    (``components.sft_trainer``), AdamW and its schedule, the checkpoint sizing, disk checks and retention
+    (``runners.checkpoint_space``), and the online evaluation. One model, one copy of that code.
+
+    What RL sets differently: the trainable part is ``actor.trainable``; the learning rate is constant (no
+    warm-up, no decay); no EMA (RL checkpoints convert their trained weights); no action-head LR multipliers;
+    the model settings are ``rollout.model``'s (checked against the model's identity)."""
+    model, actor, runner = cfg.rollout.model, cfg.actor, cfg.runner
+    steps = max(1, runner.max_iterations * cfg.algorithm.update_epochs)
+    return SFTConfig(
+        cluster=cfg.cluster,
+        runner=RunnerConfig(
+            experiment_name=runner.experiment_name, logs_dir=runner.logs_dir, log_path=runner.log_path,
+            max_steps=runner.max_iterations, save_interval=runner.save_interval, log_interval=1,
+            resume_dir=runner.resume_dir, max_checkpoints_to_keep=runner.max_checkpoints_to_keep, seed=runner.seed,
+            eval_interval=runner.eval_interval, online_eval=runner.online_eval),
+        actor=ActorConfig(
+            micro_batch_size=1, global_batch_size=1, max_tokens_per_pack=actor.max_tokens_per_pack,
+            model=ModelConfig(
+                model_path=model.model_path, precision=actor.precision,
+                activation_checkpointing=actor.activation_checkpointing, ema_enabled=False,
+                keys_to_select=trainable_keys(actor.trainable), lr_multipliers={},
+                action_normalization=model.action_normalization, domain_name=model.domain_name,
+                action_horizon=model.num_action_chunks, num_frames=model.num_frames, canvas_height=model.height,
+                canvas_width=model.width, fps=model.fps, caption_style=model.caption_style,
+                attention_backend=actor.attention_backend),
+            optim=OptimConfig(lr=actor.lr, weight_decay=actor.weight_decay, clip_grad=actor.clip_grad,
+                              lr_warmup_steps=0, total_training_steps=steps, min_lr_rate=1.0)),
+        data=DataLoaderConfig(dataset=LiberoDataConfig(
+            stats_path=model.action_stats_path, gripper_convention=model.gripper_convention, fps=model.fps,
+            chunk_length=model.num_action_chunks, num_frames=model.num_frames,
+            normalization=model.action_normalization)),
+    )
 
 
 def trainable_keys(trainable: str) -> list[str] | None:
@@ -204,6 +298,10 @@ def check_actor(actor: RLActorConfig) -> None:
     require(actor.clip_grad > 0.0, "actor.clip_grad", f"must be > 0, got {actor.clip_grad}", "use 1.0")
     require(all(h >= 1 for h in actor.value_hidden_sizes), "actor.value_hidden_sizes",
             f"widths must be >= 1, got {list(actor.value_hidden_sizes)}", "use e.g. [512, 256, 128]")
+    require_one_of(actor.precision, PRECISIONS, "actor.precision")
+    require(actor.max_tokens_per_pack is None or actor.max_tokens_per_pack >= 1, "actor.max_tokens_per_pack",
+            f"must be >= 1 or null, got {actor.max_tokens_per_pack}", "use e.g. 74000 (SFT's), or null")
+    require_one_of(actor.attention_backend, ATTENTION_BACKENDS, "actor.attention_backend")
 
 
 def check_runner(runner: RLRunnerConfig) -> None:
@@ -219,3 +317,18 @@ def check_runner(runner: RLRunnerConfig) -> None:
                 f"{interval} is not a multiple of runner.save_interval={runner.save_interval}: each evaluation "
                 "converts the checkpoint saved at its iteration",
                 f"use a multiple of {runner.save_interval}, e.g. runner.eval_interval={runner.save_interval}")
+    keep = runner.max_checkpoints_to_keep
+    require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep", f"must be >= 1 or null (keep all), got {keep}",
+            "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
+
+
+HYDRA_SCHEMA = "rl_schema"
+"""Name of :class:`RLConfig` in Hydra's config store: the first entry of an RL YAML's ``defaults``, so every field
+of the schema can be set from the command line and an unknown key is an error."""
+
+
+def register_hydra_schema() -> None:
+    """Put :class:`RLConfig` into Hydra's config store (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=HYDRA_SCHEMA, node=RLConfig)

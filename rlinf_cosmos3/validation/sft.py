@@ -42,7 +42,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
     check_sft_values(cfg)
     runner, model = cfg.runner, cfg.actor.model
     if runner.resume_dir:
-        _check_resume_dir(runner.resume_dir)
+        check_resume_dir(runner.resume_dir)
     if runner.eval_interval is not None:
         check_online_eval(runner)
 
@@ -67,7 +67,7 @@ def validate_sft_config(cfg: SFTConfig, *, check_gpus: bool = True) -> None:
                 "set cluster.num_gpus_per_node=0 to train on CPU, or run on a GPU machine")
 
 
-def _check_resume_dir(value: str) -> None:
+def check_resume_dir(value: str) -> None:
     """Only a complete checkpoint is resumed from: the exact ``global_step_<N>`` name and its marker."""
     resume = require_path(value, "runner.resume_dir", "checkpoint to resume", is_dir=True)
     fix = ("point it at a complete checkpoint, .../checkpoints/global_step_<N> with a COMPLETE file "

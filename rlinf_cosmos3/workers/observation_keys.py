@@ -21,3 +21,6 @@ states (``env.eval.init_states_from_task``); the ``replay`` backend plays the re
 EPISODE_STEPS = "episode_steps"
 """Policy steps each env's episode has run so far (settle steps not counted): which step of a recorded
 demonstration the observation corresponds to (the ``replay`` rollout backend reads it)."""
+ATTEMPTS = "attempts"
+"""Which run of its episode each env is on (1, or more after its simulator crashed and the episode restarted from
+its start): the RL driver drops the decisions of an attempt that did not finish."""

@@ -46,8 +46,10 @@ class LiberoEnvWorker(Worker):
     """See the module docstring. Start the group with :func:`start_env_workers` (it makes the actor threaded)."""
 
     def __init__(self, cfg: EnvEvalConfig, pipeline_stage_num: int = 1,
-                 episodes: Sequence[Episode] | None = None) -> None:
-        """``episodes``: the ones to run (a resumed eval's missing ones); None: every episode of ``cfg``."""
+                 episodes: Sequence[Episode] | None = None, keep_processes: bool = False) -> None:
+        """``episodes``: the ones to run (a resumed eval's missing ones); None: every episode of ``cfg``.
+        ``keep_processes``: idle slots keep their simulators for the episodes :meth:`assign` hands out later
+        (RL's rounds); False: a slot's simulator exits once its last episode is done (an eval)."""
         try:
             self.cfg = cfg.validate(pipeline_stage_num)
         except ConfigError as err:
@@ -62,8 +64,8 @@ class LiberoEnvWorker(Worker):
             episodes = eval_episodes(cfg)
         episodes = [Episode(*e) for e in episodes]
         plan = worker_plan(episodes, cfg.total_num_envs, cfg.num_workers, pipeline_stage_num, self.rank)
-        self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg) for g, eps in plan[s]], cfg.image_size)
-                        for s in range(pipeline_stage_num)]
+        self._stages = [EnvStage(s, [EnvSlot(g, eps, cfg, keep_process=keep_processes) for g, eps in plan[s]],
+                                 cfg.image_size) for s in range(pipeline_stage_num)]
         self._observed = [False] * pipeline_stage_num  # entry s: under stage s's lock
         self._stage_locks = [threading.Lock() for _ in range(pipeline_stage_num)]
         self._state_lock = threading.Lock()  # guards _failure and _closed
@@ -168,6 +170,25 @@ class LiberoEnvWorker(Worker):
             env_stage.step(actions, slot_ids)
             return env_stage.output(started)
 
+    def assign(self, episodes: Sequence[Episode]) -> int:
+        """Deal a new set of episodes over this worker's slots, as the constructor deals its own (every worker of
+        the group gets the same list and takes its share); every stage must be done. The next ``observe(s)``
+        starts them (RL's next round: with ``keep_processes`` the simulators are reused). Returns how many
+        episodes this worker took."""
+        with self._guard("assign", range(self.num_stages)):
+            if not all(stage.done for stage in self._stages):
+                raise RuntimeError("assign() while episodes of the previous set are still running or unreported")
+            cfg = self.cfg
+            plan = worker_plan([Episode(*e) for e in episodes], cfg.total_num_envs, cfg.num_workers,
+                               self.num_stages, self.rank)
+            for s, stage in enumerate(self._stages):
+                for slot, (slot_id, queue) in zip(stage.slots, plan[s], strict=True):
+                    if slot.slot_id != slot_id:
+                        raise RuntimeError(f"slot {slot.slot_id} of stage {s} got the episodes of slot {slot_id}")
+                    slot.assign(queue)
+                self._observed[s] = False
+            return sum(len(queue) for stage in plan for _, queue in stage)
+
     # Control calls below take no stage lock (the spare actor thread answers them while stages
     # step): they read a snapshot that may be one reply old.
     def done(self) -> bool:
@@ -198,9 +219,11 @@ class LiberoEnvWorker(Worker):
 
 def start_env_workers(cluster: Cluster, cfg: EnvEvalConfig, pipeline_stage_num: int, *,
                       cpus_per_rank: float | None = None, name: str = "env",
-                      episodes: Sequence[Episode] | None = None) -> WorkerGroup[LiberoEnvWorker]:
+                      episodes: Sequence[Episode] | None = None,
+                      keep_processes: bool = False) -> WorkerGroup[LiberoEnvWorker]:
     """The ``cfg.num_workers`` env worker actors, each threaded so its stages step concurrently;
-    ``episodes``: a subset of the config's to run (None: all of them).
+    ``episodes``: a subset of the config's to run (None: all of them); ``keep_processes``: see
+    :class:`LiberoEnvWorker`.
 
     ``S + 1`` threads: one per stage plus one for control calls. ``cpus_per_rank`` defaults to half
     the cluster's CPUs over the workers (Ray bookkeeping only: the simulators are child processes
@@ -210,6 +233,7 @@ def start_env_workers(cluster: Cluster, cfg: EnvEvalConfig, pipeline_stage_num: 
         cpus_per_rank = max(1.0, cluster.resources().total_cpus / (2 * cfg.num_workers))
     return WorkerGroup(LiberoEnvWorker, cluster, cfg.num_workers,
                        kwargs={"cfg": cfg, "pipeline_stage_num": pipeline_stage_num,
-                               "episodes": None if episodes is None else list(episodes)},
+                               "episodes": None if episodes is None else list(episodes),
+                               "keep_processes": keep_processes},
                        cpus_per_rank=cpus_per_rank, name=name, init_distributed=False,
                        max_concurrency=pipeline_stage_num + 1)

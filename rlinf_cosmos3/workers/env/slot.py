@@ -47,12 +47,15 @@ MIN_SIM_HORIZON = 1000
 class EnvSlot:
     """A simulator process evaluating its queue of episodes one after the other."""
 
-    def __init__(self, slot_id: int, episodes: Sequence[Episode], cfg: EnvEvalConfig) -> None:
+    def __init__(self, slot_id: int, episodes: Sequence[Episode], cfg: EnvEvalConfig, *,
+                 keep_process: bool = False) -> None:
+        """``keep_process``: an idle slot keeps its simulator (and its built task) for episodes :meth:`assign`
+        hands it later (RL's rounds); False closes it as soon as the queue is empty (an eval's slot)."""
         self.slot_id = slot_id
         self.cfg = cfg
+        self.keep_process = keep_process
         self.cap = 0  # the current episode's suite's step cap (set with the episode)
         self.max_attempts = 1 + cfg.max_episode_retries
-        self.num_assigned = len(episodes)
         self.num_reported = 0
         self.num_makes = 0
         self.num_process_starts = 0
@@ -70,9 +73,18 @@ class EnvSlot:
         self.obs: dict[str, np.ndarray] = {}
         self.success_once = False
         self.success_at_end = False
-        # An episode that names no suite (the pure layout functions' default) is of the run's first suite.
-        self._queue = deque(e if e.suite else e._replace(suite=cfg.resolved_suites()[0]) for e in episodes)
+        self._queue: deque[Episode] = deque()
         self._video: EpisodeVideoWriter | None = None
+        self.num_assigned = 0
+        self.assign(episodes)
+
+    def assign(self, episodes: Sequence[Episode]) -> None:
+        """Queue ``episodes`` on an idle slot and start the first (none: the slot stays idle)."""
+        if not self.idle:
+            raise RuntimeError(f"slot {self.slot_id} is busy ({self.phase.value}); episodes go to idle slots")
+        # An episode that names no suite (the pure layout functions' default) is of the run's first suite.
+        self._queue.extend(e if e.suite else e._replace(suite=self.cfg.resolved_suites()[0]) for e in episodes)
+        self.num_assigned += len(episodes)
         self._next_episode()
 
     def __repr__(self) -> str:
@@ -286,6 +298,8 @@ class EnvSlot:
             return
         self.episode = None
         self.sim.end()
+        if self.keep_process:
+            return
         # Frees the process's memory and core for the slots still running; the stage collects the
         # reply at the end of its call, together with the other slots that went idle meanwhile.
         self.begin_close()

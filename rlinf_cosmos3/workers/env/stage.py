@@ -22,6 +22,7 @@ from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 from rlinf_cosmos3.workers.env.slot import SIM_FAILURES, EnvSlot
 from rlinf_cosmos3.workers.observation_keys import (
+    ATTEMPTS,
     EPISODE_STEPS,
     INIT_STATE_TASK_IDS,
     MAIN_IMAGES,
@@ -147,7 +148,8 @@ class EnvStage:
             return {SLOT_IDS: np.zeros(0, dtype=np.int64), MAIN_IMAGES: empty_images, WRIST_IMAGES: empty_images.copy(),
                     STATES: np.zeros((0, STATE_DIM), dtype=np.float32), TASK_DESCRIPTIONS: [],
                     TASK_IDS: np.zeros(0, dtype=np.int64), TRIAL_IDS: np.zeros(0, dtype=np.int64),
-                    INIT_STATE_TASK_IDS: np.zeros(0, dtype=np.int64), EPISODE_STEPS: np.zeros(0, dtype=np.int64)}
+                    INIT_STATE_TASK_IDS: np.zeros(0, dtype=np.int64), EPISODE_STEPS: np.zeros(0, dtype=np.int64),
+                    ATTEMPTS: np.zeros(0, dtype=np.int64)}
         return {
             SLOT_IDS: np.asarray([s.slot_id for s in ready], dtype=np.int64),
             MAIN_IMAGES: np.stack([s.obs["main_image"] for s in ready]).astype(np.uint8, copy=False),
@@ -158,6 +160,7 @@ class EnvStage:
             TRIAL_IDS: np.asarray([s.episode.trial_id for s in ready if s.episode is not None], dtype=np.int64),
             INIT_STATE_TASK_IDS: np.asarray([s.init_state_task_id for s in ready], dtype=np.int64),
             EPISODE_STEPS: np.asarray([s.policy_steps for s in ready], dtype=np.int64),
+            ATTEMPTS: np.asarray([s.attempts for s in ready], dtype=np.int64),
         }
 
     # ------------------------------------------------------------------ shutdown
