@@ -1,0 +1,188 @@
+"""The RL actor rank: the policy that samples the rollouts (RLinf's "collocated" mode) and is trained on them.
+
+One set of weights: :meth:`FSDPRLWorker.sample` serves the env workers' observations in batches with the
+:class:`~rlinf_cosmos3.rl.rollout_sampler.RolloutSampler` (the packed forward over the whole batch at every
+denoising step) and keeps each decision's :class:`~rlinf_cosmos3.rl.action_chain.ActionChain` row here, on the
+rank's device; the driver gets the env commands and the decisions' ids only. :meth:`FSDPRLWorker.update` then
+takes the ids the driver kept (GRPO's groups with signal) with their advantages and runs the PPO-clip epochs over
+minibatches of them, the log-probs recomputed by :func:`~rlinf_cosmos3.rl.action_chain.chain_log_prob` on the
+stored chain states. There is no weight sync and no server.
+
+Model loading, FSDP2, AdamW and checkpoints are SFT's (:mod:`rlinf_cosmos3.components.sft_trainer`,
+:mod:`rlinf_cosmos3.checkpoint`), fed the RL run as an SFT config (:func:`~rlinf_cosmos3.config.rl.sft_view`), so
+an RL checkpoint has the SFT layout and converts with ``toolkits/cosmos3/convert_checkpoint.py`` the same way.
+
+Randomness is keyed, not streamed: each decision's noise comes from the seed the driver hands in (of iteration,
+env, attempt and decision), each epoch's minibatch order from ``(seed, iteration, epoch)``. A resumed run
+therefore repeats the straight run exactly (the checkpoint also carries every RNG state, as SFT's does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlinf_cosmos3.actions import ActionNormalizer, EnvActionDecoder
+from rlinf_cosmos3.checkpoint import load_checkpoint, save_checkpoint
+from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
+from rlinf_cosmos3.cluster import Worker
+from rlinf_cosmos3.components.optim import clip_grad_norm_
+from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
+from rlinf_cosmos3.config.rl import RLConfig, sft_view
+from rlinf_cosmos3.rl.action_chain import ActionChain, cat_chains, chain_log_prob, select_rows
+from rlinf_cosmos3.rl.ppo_loss import ppo_clip_loss
+from rlinf_cosmos3.rl.rollout_sampler import RolloutSampler, SamplerSettings, decision_seed
+from rlinf_cosmos3.validation.rl import RL_STATE_KEY, load_rl_config
+
+__all__ = ["FSDPRLWorker", "MINIBATCH_STREAM"]
+
+MINIBATCH_STREAM = 1
+"""Key that separates the minibatch shuffles' seeds from the decisions' (:func:`decision_seed`)."""
+_MEAN_METRICS = ("policy_loss", "approx_kl", "clip_fraction", "dual_clip_fraction", "ratio_mean", "grad_norm")
+
+
+class FSDPRLWorker(Worker):
+    """A Ray actor rank; the driver calls :meth:`setup`, then per iteration :meth:`sample` (many times) and
+    :meth:`update`, and :meth:`save_checkpoint`. Also usable in-process (one rank, no Ray) by tests."""
+
+    def __init__(self, cfg: dict[str, Any] | RLConfig) -> None:
+        # The driver validated the config; re-validating gives the rank the typed view and fails early if a path
+        # is not visible from its node.
+        self.cfg: RLConfig = cfg if isinstance(cfg, RLConfig) else load_rl_config(cfg, check_gpus=False)
+        self.iteration = 0
+        self.counters: dict[str, float] = {}
+        self._chains: list[ActionChain] = []
+        self._num_decisions = 0
+
+    def setup(self, resume_dir: str | None = None) -> dict[str, Any]:
+        """Build the policy (SFT's loader and FSDP2 wrapping, ``actor.trainable`` selected), AdamW, the sampler;
+        optionally resume. Returns a summary for the driver's log."""
+        cfg, view = self.cfg, sft_view(self.cfg)
+        torch.manual_seed(cfg.runner.seed + self.rank)
+        self.policy, selection = build_sft_policy(view, self.device, self.world_size)
+        optimization = build_sft_optimization(self.policy.transformer, view)
+        self.optimizer, self.scheduler, self.ema = optimization.optimizer, optimization.scheduler, optimization.ema
+        model = cfg.rollout.model
+        decoder = EnvActionDecoder(ActionNormalizer(model.action_stats_path, model.action_normalization),
+                                   model.rot6d_decode, model.gripper_convention, model.gripper_command)
+        settings = SamplerSettings(num_steps=cfg.rollout.num_denoising_steps, noise_level=cfg.rollout.noise_level,
+                                   executed_steps=cfg.rollout.executed_steps, flow_shift=model.flow_shift)
+        self.sampler = RolloutSampler(self.policy, decoder, settings, seed=cfg.runner.seed)
+        if resume_dir:
+            state = load_checkpoint(resume_dir, self.policy.transformer, self.optimizer, self.scheduler, self.ema)
+            self.iteration = state.global_step
+            self.counters = dict(state.extra[RL_STATE_KEY])
+            self.logger.info("resumed at iteration %d (%s)", self.iteration, self.counters)
+        return {"iteration": self.iteration, "counters": self.counters, "trainable_params": selection.n_trainable,
+                "total_params": selection.n_trainable + selection.n_frozen, "device": str(self.device)}
+
+    # ------------------------------------------------------------------ rollouts
+
+    def sample(self, main_images: np.ndarray, wrist_images: np.ndarray, tasks: Sequence[str],
+               seeds: Sequence[int]) -> dict[str, Any]:
+        """One batch of env observations -> their commands ``[B, executed_steps, 7]`` and decision ids; each
+        decision's chain row stays here until :meth:`update` (or :meth:`discard`)."""
+        started = time.perf_counter()
+        decisions = self.sampler.sample(main_images, wrist_images, list(tasks), seeds=list(seeds))
+        first = self._num_decisions
+        self._chains.append(decisions.chain)
+        self._num_decisions += len(decisions)
+        return {"actions": decisions.env_actions[:, :self.cfg.rollout.executed_steps],
+                "ids": list(range(first, self._num_decisions)), "sample_s": time.perf_counter() - started}
+
+    def discard(self) -> None:
+        """Forget the decisions sampled since the last update (a round that did not finish)."""
+        self._chains, self._num_decisions = [], 0
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, decision_ids: Sequence[int], advantages: Sequence[float], iteration: int) -> dict[str, float]:
+        """PPO-clip epochs over the kept decisions of ``iteration``'s round, then forget the round's decisions.
+
+        Each epoch shuffles the decisions (seeded by ``(seed, iteration, epoch)``) into minibatches of
+        ``algorithm.minibatch_size``; each minibatch is one optimizer step: the log-probs recomputed on the stored
+        chain states, the clipped loss, the gradient clipped to ``actor.clip_grad``. Without decisions (every
+        group uniform) no step is taken. Metrics are means over the minibatches (``ratio_max``: the max)."""
+        started = time.perf_counter()
+        chains, self._chains, self._num_decisions = self._chains, [], 0
+        if len(decision_ids) != len(advantages):
+            raise ValueError(f"{len(decision_ids)} decisions, {len(advantages)} advantages")
+        alg = self.cfg.algorithm
+        sums = dict.fromkeys(_MEAN_METRICS, 0.0)
+        ratio_max, steps = 0.0, 0
+        sampled = cat_chains(chains) if chains else None
+        # The round's mean old log-prob (every decision sampled, kept or not): how spread the sampling is, and a
+        # fingerprint of the round (a resumed run must reproduce it exactly).
+        rollout_log_prob = float(sampled.old_log_prob.double().mean()) if sampled is not None else 0.0
+        if decision_ids:
+            assert sampled is not None
+            chain = select_rows(sampled, list(decision_ids))
+            adv = torch.tensor(list(advantages), dtype=torch.float32, device=self.device)
+            transformer = self.policy.transformer
+            count = len(decision_ids)
+            for epoch in range(alg.update_epochs):
+                shuffle = torch.Generator().manual_seed(
+                    decision_seed(self.cfg.runner.seed, MINIBATCH_STREAM, iteration, epoch))
+                order = torch.randperm(count, generator=shuffle)
+                for start in range(0, count, alg.minibatch_size):
+                    rows = order[start:start + alg.minibatch_size]
+                    part = select_rows(chain, rows)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    log_prob = chain_log_prob(self.policy, part)
+                    loss = ppo_clip_loss(log_prob, part.old_log_prob.to(log_prob.device), adv[rows.to(adv.device)],
+                                         clip_ratio=alg.clip_ratio, dual_clip=alg.dual_clip)
+                    loss.loss.backward()
+                    grad_norm = clip_grad_norm_(transformer, self.cfg.actor.clip_grad)
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    values = {**{k: v for k, v in loss.metrics.items() if k in sums}, "grad_norm": grad_norm}
+                    for name, value in values.items():
+                        sums[name] += float(value)
+                    ratio_max = max(ratio_max, float(loss.metrics["ratio_max"]))
+                    steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+        self.iteration = iteration
+        metrics = {name: total / steps for name, total in sums.items()} if steps else {}
+        return {**metrics, **({"ratio_max": ratio_max} if steps else {}), "optimizer_steps": float(steps),
+                "update_decisions": float(len(decision_ids)), "rollout_log_prob_mean": rollout_log_prob,
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
+                "update_s": time.perf_counter() - started}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, step_dir: str, extra_files: dict[str, str] | None = None,
+                        counters: dict[str, float] | None = None) -> str:
+        """Collective: write ``step_dir`` (``.../global_step_<iteration>``) atomically with SFT's layout, the run's
+        counters (``counters``: episodes, env steps, ...) in ``trainer_state.json``."""
+        expected = f"global_step_{self.iteration}"
+        if Path(step_dir).name != expected:
+            raise ValueError(f"asked to save iteration {self.iteration} into '{step_dir}', expected '{expected}'")
+        self.counters = dict(counters or self.counters)
+        state = TrainerState(global_step=self.iteration, consumed_samples=int(self.counters.get("episodes", 0)),
+                             extra={RL_STATE_KEY: {"iteration": self.iteration, **self.counters}})
+        path = save_checkpoint(Path(step_dir).parent, self.policy.transformer, self.optimizer, state, self.scheduler,
+                               self.ema, extra_files=extra_files)
+        return str(path)
+
+    def full_state(self) -> dict[str, Any]:
+        """The consolidated weights and the optimizer's state dict, on the CPU (tests; small models)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.policy.transformer, options=options)
+
+        def cpu(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.detach().cpu().clone()
+            if isinstance(value, dict):
+                return {k: cpu(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [cpu(v) for v in value]
+            return value
+
+        return {"weights": weights, "optimizer": cpu(self.optimizer.state_dict())}

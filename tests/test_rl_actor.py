@@ -1,0 +1,144 @@
+"""The RL actor rank in-process on the real tiny Cosmos3 (CPU, fp32): its sampler, its PPO-clip update and its
+checkpoints, with the advantages given (a random tiny model never succeeds in LIBERO, so the simulator alone would
+give GRPO no signal). The observations are random images; everything else is the library's own code.
+
+* the update moves exactly the configured trainable part (``actor.trainable``) and AdamW holds state for it only;
+* 2 iterations straight equal 1 iteration + a checkpoint + a fresh rank resumed from it + 1 iteration, bit for bit
+  (weights and optimizer state);
+* the first minibatch of an update sees ratio 1 (the weights the rollout sampled with).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlinf_cosmos3.checkpoint import is_complete_checkpoint
+from rlinf_cosmos3.components.optim import named_parameters_clean
+from rlinf_cosmos3.config.rl import GENERATION_TOWER_KEYS, register_hydra_schema
+from rlinf_cosmos3.rl.rollout_sampler import decision_seed
+from rlinf_cosmos3.workers.actor.fsdp_rl_worker import FSDPRLWorker
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = ["pick up the black bowl", "put the mug on the plate", "pick up the black bowl", "put the mug on the plate"]
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
+
+
+def rl_config(model: Path, stats: Path, *overrides: str) -> dict[str, Any]:
+    """The tiny recipe as the launcher composes it, on the given model (a resolved plain dict, as the driver hands
+    it to the actor)."""
+    register_hydra_schema()
+    with initialize_config_dir(config_dir=str(REPO / "examples/rl/config"), version_base=None):
+        cfg = compose("libero_rl_cosmos3_tiny", overrides=[f"rollout.model.model_path={model}",
+                                                           f"rollout.model.action_stats_path={stats}", *overrides])
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw.pop("hydra", None)
+    return raw
+
+
+def make_worker(tiny_model_and_stats, *overrides: str, resume_dir: Path | None = None) -> FSDPRLWorker:
+    worker = FSDPRLWorker(rl_config(tiny_model_and_stats.model, tiny_model_and_stats.stats,
+                                    "algorithm.minibatch_size=3", *overrides))
+    worker.setup(str(resume_dir) if resume_dir else None)
+    return worker
+
+
+def iteration(worker: FSDPRLWorker, index: int) -> dict[str, float]:
+    """One iteration on random observations: two sampling calls (2 envs each, as two env stages would), then
+    the update on all four decisions with fixed advantages."""
+    rng = np.random.default_rng(index)
+    ids: list[int] = []
+    for call in range(2):
+        images = rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8)
+        seeds = [decision_seed(42, index, 2 * call + env, 1, 0) for env in range(2)]
+        reply = worker.sample(images, images[::-1].copy(), TASKS[2 * call:2 * call + 2], seeds)
+        assert reply["actions"].shape == (2, 16, 7) and np.isfinite(reply["actions"]).all()
+        ids += reply["ids"]
+    assert ids == [0, 1, 2, 3]
+    return worker.update(ids, ADVANTAGES, index)
+
+
+@pytest.mark.parametrize("trainable", ["generation", "all"])
+def test_the_update_moves_only_the_trainable_part(tiny_model_and_stats, trainable: str) -> None:
+    worker = make_worker(tiny_model_and_stats, f"actor.trainable={trainable}")
+    transformer = worker.policy.transformer
+    params = named_parameters_clean(transformer)
+    before = {name: p.detach().clone() for name, p in params}
+    trainable_names = {name for name, p in params if p.requires_grad}
+    if trainable == "generation":
+        assert trainable_names == {n for n, _ in params if any(k in n for k in GENERATION_TOWER_KEYS)}
+        assert len(trainable_names) < len(params)  # the understanding tower is frozen
+    else:
+        assert len(trainable_names) == len(params)
+    metrics = iteration(worker, 1)
+    assert metrics["optimizer_steps"] == 4  # 2 epochs x ceil(4 / 3) minibatches
+    assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    changed = {name for name, p in params if not torch.equal(before[name], p.detach())}
+    assert changed <= trainable_names, f"frozen parameters changed: {sorted(changed - trainable_names)[:5]}"
+    assert len(changed) >= 0.9 * len(trainable_names), "most trainable tensors should move"
+    # AdamW keeps state for the trainable parameters only
+    with_state = {id(p) for p in worker.optimizer.state}
+    assert {name for name, p in params if id(p) in with_state} <= trainable_names
+    assert all(p.grad is None for _, p in params)  # the update leaves no gradient behind
+
+
+def test_the_first_minibatch_sees_ratio_one(tiny_model_and_stats) -> None:
+    """One epoch of one minibatch: the log-probs are recomputed on the weights that sampled (ratio 1, no clip)."""
+    worker = make_worker(tiny_model_and_stats, "algorithm.update_epochs=1", "algorithm.minibatch_size=4")
+    metrics = iteration(worker, 1)
+    assert metrics["optimizer_steps"] == 1
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["clip_fraction"] == 0.0
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert np.isfinite(metrics["rollout_log_prob_mean"])
+
+
+def test_no_decisions_no_step(tiny_model_and_stats) -> None:
+    """A round whose groups are all uniform: no optimizer step, the sampled decisions are forgotten."""
+    worker = make_worker(tiny_model_and_stats)
+    images = np.zeros((2, 256, 256, 3), dtype=np.uint8)
+    worker.sample(images, images, TASKS[:2], [1, 2])
+    before = {k: v.clone() for k, v in worker.policy.transformer.state_dict().items()}
+    metrics = worker.update([], [], 1)
+    assert metrics["optimizer_steps"] == 0 and worker.iteration == 1
+    assert all(torch.equal(before[k], v) for k, v in worker.policy.transformer.state_dict().items())
+    assert worker.sample(images, images, TASKS[:2], [1, 2])["ids"] == [0, 1]  # a new round starts at id 0
+
+
+def _assert_equal_states(a: Any, b: Any, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_equal_states(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal_states(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_resume_is_bit_identical(tiny_model_and_stats, tmp_path: Path) -> None:
+    """2 iterations straight == 1 iteration, checkpoint, a fresh rank resumed from it, 1 iteration: weights and
+    AdamW state bit for bit (CPU), and the second iteration's metrics too."""
+    straight = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}")
+    first = iteration(straight, 1)
+    step = Path(straight.save_checkpoint(str(tmp_path / "global_step_1"), counters={"episodes": 4.0}))
+    assert is_complete_checkpoint(step)
+    second = iteration(straight, 2)
+    assert first["optimizer_steps"] == second["optimizer_steps"] == 4
+
+    resumed = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", resume_dir=step)
+    assert resumed.iteration == 1 and resumed.counters["episodes"] == 4.0
+    again = iteration(resumed, 2)
+    again.pop("update_s"), second.pop("update_s")
+    assert again == second
+    _assert_equal_states(straight.full_state(), resumed.full_state())
+    assert straight.full_state()["optimizer"]["state"], "the optimizer holds state after the updates"
