@@ -1,6 +1,7 @@
 """How many bytes one ``global_step_<N>`` checkpoint takes on disk, from the model's tensors alone.
 
-A run must know this before it pays for any step (a Nano checkpoint is ~190 GiB). The estimate
+A run must know this before it pays for any step (a Nano checkpoint of the recipe is ~248 GiB,
+docs/sft.md). The estimate
 follows what :func:`rlinf_cosmos3.checkpoint.save.save_checkpoint` writes:
 
 * ``full_weights.pt``: every tensor of the model state dict (parameters and persistent buffers)

@@ -1,8 +1,9 @@
 """What one SFT rank holds for a step, built one way for the FSDP worker and for the step benchmark.
 
-The benchmark (``benchmarks/gpu/sft_step.py``) must time exactly what the worker runs. Two copies of
-this set-up drifted once (the benchmark built its model another way and ran 2.3x slower than the
-launcher at the same shape), so both now call :func:`build_sft_policy` and :func:`build_sft_optimization`.
+The benchmark (``benchmarks/gpu/sft_step.py``) must time exactly what the worker runs, so both call
+:func:`build_sft_policy` and :func:`build_sft_optimization`: with a copy of this set-up of its own, the
+benchmark could measure another model than the one the worker trains (the launcher-vs-benchmark
+comparison in docs/benchmarks.md).
 
 Start-up never holds the whole transformer on one device: it is built on the meta device, sharded
 with :func:`parallelize`, then materialised shard by shard while rank 0 streams the weights in.

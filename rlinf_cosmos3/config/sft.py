@@ -47,8 +47,8 @@ class ModelConfig:
     """FSDP2: free gathered layer parameters after forward (False: keep them until backward; faster,
     costs one unsharded copy of the layers per GPU)."""
     compile_blocks: bool = False
-    """``torch.compile`` each decoder block's forward (GPU; on one H200 1.6x faster SFT steps,
-    docs/benchmarks.md; off by default until a full SFT run with it has been made on a GPU)."""
+    """``torch.compile`` each decoder block's forward (GPU; faster SFT steps, measured in docs/benchmarks.md;
+    off by default until a full SFT run with it has been made on a GPU)."""
     ema_enabled: bool = True
     ema_rate: float = 0.1
     """Power-EMA exponent (cosmos-framework ``ema: power``, rate 0.1)."""

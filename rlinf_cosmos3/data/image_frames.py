@@ -4,8 +4,8 @@
 parquet rows. lerobot 0.6.1 reads them through its ``hf_dataset`` transform, which turns every
 image into float32 ``k / 255``; and its window queries (``hf_dataset[key][rows]`` under a custom
 format) decode *every* column of every queried row. For two cameras, a 17-frame window and a
-16-step action window that is ~100 PNG decodes and float conversions per sample: measured 1.5 to
-2.8 CPU-seconds per sample, against 0.08 for the same episodes stored as video.
+16-step action window that is ~100 PNG decodes and float conversions per sample, over 20x the CPU
+of the same episodes stored as video (docs/benchmarks.md, "Training reader").
 
 Here the window's PNGs are taken from the Arrow rows and decoded once each (a thread per camera,
 as lerobot does for videos) to uint8, i.e. the stored pixels (what lerobot's float frames give

@@ -1,9 +1,9 @@
 """One rank's endless stream of micro-batches: the sampler's epochs one after another.
 
 The DataLoader is built once, with persistent workers, and re-iterated at every epoch: a new loader
-per epoch starts ``num_workers`` fresh processes at each epoch boundary (measured on an H200 with 8
-workers: one step in six took 0.6 s instead of 0.15 s on a 2-episode dataset, a third of the run's
-time, hidden by the median step time). Each ``iter`` asks the sampler for its indices again, so the
+per epoch would start ``num_workers`` fresh processes at each epoch boundary, and on a small dataset
+that start-up is a large share of the run while the median step time hides it (docs/benchmarks.md,
+"loader workers kept across epochs"). Each ``iter`` asks the sampler for its indices again, so the
 stream follows the sampler's position: a resumed run starts where the checkpoint left off.
 """
 

@@ -11,7 +11,7 @@ embedded backend hands it to the diffusers pipeline, and every step is the libra
   but only latent frame 0 is the condition: the later latent frames start from noise. The Wan VAE encodes a
   clip's frame 0 in a chunk of its own (``AutoencoderKLWan._encode``), so the canvas is encoded alone
   (``num_frames=1``): the same frame-0 latent, bit for bit (tested against the pipeline's held clip), for a
-  fraction of the VAE's work (on CPU, tiny model: 0.03 s instead of 4 s per observation). The later frames of
+  fraction of the VAE's work (docs/benchmarks.md, "Encoding an RL observation"). The later frames of
   :attr:`EncodedObservations.latents` are zeros that only give the chain's state its shape;
 * prompt: :meth:`PolicyProcessor.eval_prompt_ids`: the adapter's request text in the model's caption style,
   tokenized as the pipeline tokenizes it (no system prompt, conditional ids only: guidance 1.0).

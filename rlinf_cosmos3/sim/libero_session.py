@@ -176,8 +176,9 @@ class LiberoSession:
         asked, at the first success. Per-step flags cover only the steps actually executed.
 
         Without ``return_frames`` only the chunk's last step renders its cameras: the policy sees
-        nothing in between, and rendering two 256x256 views is most of a LIBERO step's cost (146 of
-        155 ms with software EGL). The last step's images are bit-identical to rendering every step
+        nothing in between, and with software EGL rendering two 256x256 views is most of a LIBERO
+        step's cost (docs/benchmarks.md, "Rendering only the observed step"). The last step's images
+        are bit-identical to rendering every step
         (robosuite samples the cameras at the same sub-step either way; tested). A chunk that ends
         early (success or done) on a step that was not rendered renders its cameras after that step
         instead -- an episode's final view, never sent to the policy."""

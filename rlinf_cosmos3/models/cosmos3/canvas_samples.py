@@ -1,11 +1,12 @@
 """Reader samples that carry the policy's canvas, composed where the sample is read.
 
 The ``[main | wrist]`` canvas (:func:`~rlinf_cosmos3.models.cosmos3.observation.compose_observation`:
-bicubic, antialiased) costs ~22 ms per 17-frame sample on a core of an H200 host; composed in the
-training process for each batch, it held the latent-cache build to ~25 samples/s while the reader's
-eight loader workers delivered ~170 (``benchmarks/latent_cache_build.py``). Wrapping the reader with
-:class:`CanvasSamples` moves it into the DataLoader's workers, in parallel, and each sample then
-crosses the process boundary as one canvas instead of two camera views (less than half the bytes).
+bicubic, antialiased) is costly per sample. Composed in the training process, one sample after another,
+it would bound the latent-cache build and training from pixels well below what the loader's workers
+deliver (``benchmarks/latent_cache_build.py``; figures in docs/benchmarks.md, "where the latent cache's
+build time goes"). Wrapping the reader with :class:`CanvasSamples` moves it into the DataLoader's
+workers, in parallel, and each sample then crosses the process boundary as one canvas instead of two
+camera views (less than half the bytes).
 The pixels are the same: the same function on the same frames (checked by the tests).
 """
 

@@ -48,9 +48,9 @@ def precision_dtype(precision: str) -> torch.dtype:
 @dataclass(frozen=True)
 class ParallelizeConfig:
     """How to shard: compute precision, activation checkpointing, resharding after forward, and
-    whether each decoder block is compiled (measured on one H200, 22 Nano layers: compiled blocks
-    2.57 s/step vs 4.21 eager; with ``reshard_after_forward=False`` too, 1.80 s; docs/benchmarks.md;
-    measured with compiled wrapper modules, the same compiled code as the in-place forward used now)."""
+    whether each decoder block is compiled. Compiling the blocks and keeping gathered parameters
+    until backward both make a GPU step faster, at more memory; the measured step times are in
+    docs/benchmarks.md ("SFT step: FSDP2 on the Cosmos3 transformer at Nano width")."""
 
     precision: str = "fp32"
     """``bf16``: bf16 compute with fp32 sharded parameters and fp32 gradient reduction (GPU);
