@@ -34,6 +34,7 @@ from rlinf_cosmos3.workers.env.slot import EnvSlot
 from rlinf_cosmos3.workers.env.stage import EnvStage, StageOutput
 from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
 from rlinf_cosmos3.workers.observation_keys import (
+    ATTEMPTS,
     EPISODE_STEPS,
     MAIN_IMAGES,
     SLOT_IDS,
@@ -251,6 +252,7 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         out0 = _call(group, "observe", 0)
         out1 = _call(group, "observe", 1)
         assert out0.obs[TRIAL_IDS].tolist() == [0] and out1.obs[TRIAL_IDS].tolist() == [1]
+        assert out1.obs[ATTEMPTS].tolist() == [1]
         out1 = _step(group, 1, out1.obs)  # trial 1 is 26 steps in
         victim = _slot_pid(group, 1)
         pgids.add(victim)
@@ -263,6 +265,7 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         out1 = group.gather(ref, [0], method="chunk_step", timeout_s=CALL_TIMEOUT_S)[0]
         assert out1.results == [], "a crashed episode must be re-run, not reported"
         assert out1.obs[TRIAL_IDS].tolist() == [1] and out1.obs[SLOT_IDS].tolist() == [1]
+        assert out1.obs[ATTEMPTS].tolist() == [2]  # RL drops the first attempt's decisions by this
         replacement = _slot_pid(group, 1)
         pgids.add(replacement)
         assert replacement != victim and _is_simulator(replacement)
@@ -283,6 +286,38 @@ def test_killed_simulator_reruns_the_episode_from_its_start(cluster: Cluster) ->
         _call(group, "close")
     assert sorted((r.task_id, r.trial_id, r.error) for r in results) == [(0, 0, None), (0, 1, None), (0, 2, None)]
     assert not _wait_all_gone(pgids), "simulator processes left behind"
+
+
+def test_assign_reuses_kept_simulators_for_the_next_set_of_episodes(cluster: Cluster) -> None:
+    """RL's rounds: a worker started without episodes and ``keep_processes`` takes a set with ``assign``, runs it,
+    and takes the next set on the same simulator processes (the task built once); an assign while a set still runs
+    is refused without harming the worker."""
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], total_num_envs=2, max_episode_steps=CAP)
+    group = start_env_workers(cluster, cfg, 1, cpus_per_rank=0.5, name="libero-env-rl", episodes=[],
+                              keep_processes=True)
+    try:
+        assert _call(group, "setup")["busy_slots"] == 0
+        pids: list[set[int]] = []
+        for trial in (0, 1):
+            assert _call(group, "assign", [Episode(0, trial, "libero_spatial")] * 2) == 2
+            out = _call(group, "observe", 0)
+            assert out.obs[TRIAL_IDS].tolist() == [trial, trial] and out.obs[ATTEMPTS].tolist() == [1, 1]
+            with pytest.raises(WorkerError, match="still running"):
+                group.call_rank(0, "assign", [Episode(0, 2, "libero_spatial")] * 2, timeout_s=CALL_TIMEOUT_S)
+            results: list[EpisodeResult] = []
+            while not out.done:
+                out = _step(group, 0, out.obs)
+                results += out.results
+            assert sorted((r.trial_id, r.steps, r.error) for r in results) == [(trial, CAP, None)] * 2
+            stats = _call(group, "stats")
+            assert all(s["phase"] == "idle" and s["pid"] is not None for s in stats)  # kept alive
+            pids.append({s["pid"] for s in stats})
+        assert pids[0] == pids[1] and len(pids[0]) == 2
+        assert all((s["makes"], s["process_starts"]) == (1, 1) for s in _call(group, "stats"))
+        _call(group, "close")
+        assert not _wait_all_gone(pids[0])
+    finally:
+        group.shutdown()
 
 
 def test_two_stages_of_one_worker_step_at_the_same_time(cluster: Cluster) -> None:

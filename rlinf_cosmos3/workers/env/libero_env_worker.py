@@ -175,9 +175,11 @@ class LiberoEnvWorker(Worker):
         the group gets the same list and takes its share); every stage must be done. The next ``observe(s)``
         starts them (RL's next round: with ``keep_processes`` the simulators are reused). Returns how many
         episodes this worker took."""
+        with self._holding(range(self.num_stages)):  # a misuse, refused before the guard: the worker stays usable
+            busy = not all(stage.done for stage in self._stages)
+        if busy:
+            raise RuntimeError("assign() while episodes of the previous set are still running or unreported")
         with self._guard("assign", range(self.num_stages)):
-            if not all(stage.done for stage in self._stages):
-                raise RuntimeError("assign() while episodes of the previous set are still running or unreported")
             cfg = self.cfg
             plan = worker_plan([Episode(*e) for e in episodes], cfg.total_num_envs, cfg.num_workers,
                                self.num_stages, self.rank)

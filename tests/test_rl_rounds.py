@@ -1,0 +1,59 @@
+"""A round's starts (rl/rounds.round_starts), its GRPO decisions (rl/rounds.grpo_decisions) and the driver's
+bookkeeping of a crashed attempt (runners/rl_rollout.RoundCollector._record), by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlinf_cosmos3.rl.rounds import grpo_decisions, round_starts
+from rlinf_cosmos3.runners.rl_rollout import RoundCollector
+from rlinf_cosmos3.workers.env.results import EpisodeResult
+
+STARTS = [(task, init) for task in range(2) for init in range(5)]
+
+
+def test_each_pass_covers_every_start_once_and_rounds_depend_only_on_seed_and_index() -> None:
+    rounds = [round_starts(STARTS, 2, seed=7, round_index=r) for r in range(5)]  # 5 rounds x 2 = one pass of 10
+    assert sorted(s for r in rounds for s in r) == STARTS
+    assert rounds == [round_starts(STARTS, 2, seed=7, round_index=r) for r in range(5)]  # a resume sees the same
+    assert round_starts(STARTS, 2, seed=8, round_index=0) != rounds[0] or \
+        round_starts(STARTS, 2, seed=8, round_index=1) != rounds[1]
+    spanning = round_starts(STARTS, 4, seed=7, round_index=2)  # starts 8..11: the end of pass 0, the start of pass 1
+    assert spanning[:2] == round_starts(STARTS, 2, seed=7, round_index=4)
+    assert len(spanning) == 4 and set(spanning) <= set(STARTS)
+    with pytest.raises(ValueError):
+        round_starts([], 1, 0, 0)
+
+
+def test_grpo_decisions_by_hand() -> None:
+    """Group A: success, failure -> +-0.7071 (sample std sqrt(0.5)); group B: both fail -> dropped."""
+    out = grpo_decisions([1.0, 0.0, 0.0, 0.0], [("A",), ("A",), ("B",), ("B",)], [[0, 1], [2], [3, 4], [5]], 1e-6)
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)
+    assert out.decision_ids == [0, 1, 2]
+    assert out.advantages == pytest.approx([a, a, -a])
+    assert out.episode_keep.tolist() == [True, True, False, False]
+    assert torch.allclose(out.episode_advantages, torch.tensor([a, -a, 0.0, 0.0], dtype=torch.float64))
+    empty = grpo_decisions([], [], [], 1e-6)
+    assert empty.decision_ids == [] and empty.advantages == []
+
+
+def _result(slot: int, trial: int, attempts: int, error: str | None = None, success: bool = False) -> EpisodeResult:
+    return EpisodeResult(suite="libero_spatial", task_id=0, trial_id=trial, success_once=success,
+                         success_at_end=success, steps=42, error=error, slot_id=slot, attempts=attempts)
+
+
+def test_a_crashed_attempts_decisions_are_dropped_and_a_failed_episode_left_out() -> None:
+    collector = RoundCollector(envs=None, actor=None, stages=1, seed=0, iteration=1, num_episodes=3, progress=False)
+    # slot 0: attempt 1 made decisions 0, 1, then crashed; attempt 2 made 4, 5. slot 1: one clean attempt.
+    # slot 2: crashed on every attempt.
+    collector._pending[0] += [(1, 0), (1, 1), (2, 4), (2, 5)]
+    collector._pending[1] += [(1, 2), (1, 3)]
+    collector._pending[2] += [(1, 6), (2, 7)]
+    collector._record([_result(0, 3, attempts=2, success=True), _result(1, 3, attempts=1),
+                       _result(2, 4, attempts=2, error="SimProcessError on each of 2 attempt(s)")])
+    result = collector.result
+    assert [(e.result.slot_id, e.decision_ids) for e in result.episodes] == [(0, [4, 5]), (1, [2, 3])]
+    assert [r.slot_id for r in result.failed] == [2]
+    assert result.dropped_decisions == 2 + 2  # slot 0's first attempt, and both of slot 2's
+    assert not collector._pending
