@@ -3,12 +3,15 @@
 Every module under ``rlinf_cosmos3/`` is parsed with ``ast`` (nothing is imported): a module-level
 assignment of a listed name is a declaration. The test fails when a listed name is declared in more
 than one module (a second copy that can drift), or in none (renamed or moved: update the list). An
-``import`` of the name, with or without ``as``, is not a declaration.
+``import`` of the name, with or without ``as``, is not a declaration. Beyond the list, no upper-case
+name may be assigned the same literal value in two modules (an unlisted copy).
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rlinf_cosmos3"
@@ -18,6 +21,12 @@ DECLARED_ONCE: dict[str, str] = {
     "ATTENTION_BACKENDS": "config/sft.py",
     "ACTION_DIM": "config/libero_suites.py",  # the 7-D LIBERO command / stored action
     "STATE_DIM": "config/libero_suites.py",  # the 8-D robot state
+    "PRECISIONS": "config/base.py",  # the precision names; parallelize's torch dtypes are PRECISION_DTYPES
+    "LATENT_KEY": "data/latent_cache.py",  # batch keys the cache writes and the policy's processor reads
+    "LATENT_VALID_KEY": "data/latent_cache.py",
+    # two different process tags, once both named TAG_ENV: each has a name of its own
+    "ONLINE_EVAL_TAG_ENV": "runners/online_eval.py",
+    "SERVER_TAG_ENV": "workers/rollout/server_process.py",
 }
 
 
@@ -68,3 +77,36 @@ def test_each_shared_constant_is_declared_in_one_module() -> None:
         "each of these must be assigned at module level in exactly the listed module and imported "
         f"elsewhere: {wrong} (expected {dict((n, DECLARED_ONCE[n]) for n in wrong)})"
     )
+
+
+def _literal_constants(tree: ast.Module) -> dict[str, object]:
+    """Upper-case names the module body assigns a literal (``X = "a"``, ``X: int = 2``), with the value."""
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and re.fullmatch(r"_?[A-Z][A-Z0-9_]*", target.id):
+            try:
+                found[target.id] = ast.literal_eval(value)
+            except ValueError:  # not a literal (a call, a name): not comparable here
+                continue
+    return found
+
+
+def test_no_constant_is_copied_under_its_name() -> None:
+    """Two modules that assign one upper-case name the same literal hold a copy: declare it once, import it."""
+    seen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(ROOT.rglob("*.py")):
+        for name, value in _literal_constants(ast.parse(path.read_text(), filename=str(path))).items():
+            seen[(name, repr(value))].append(path.relative_to(ROOT).as_posix())
+    copies = {name: modules for (name, _), modules in seen.items() if len(modules) > 1}
+    assert not copies, f"the same constant assigned in several modules (keep one, import it): {copies}"
+
+
+def test_the_copy_scan_sees_literals_only() -> None:
+    tree = ast.parse("A = 'x'\nB: int = 2\nC = f()\nlower = 1\n_D = (1, 2)\nif x:\n    E = 3\n")
+    assert _literal_constants(tree) == {"A": "x", "B": 2, "_D": (1, 2)}

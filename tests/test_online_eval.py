@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
 from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 from rlinf_cosmos3.procgroup import processes_with_env
-from rlinf_cosmos3.runners.online_eval import TAG_ENV
+from rlinf_cosmos3.runners.online_eval import ONLINE_EVAL_TAG_ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.libero]
 
@@ -32,8 +32,8 @@ EVAL_OVERRIDES = ["env.eval.init_state_ids=[0]", "env.eval.total_num_envs=1", "r
 
 
 def _tagged(tag: str) -> list[psutil.Process]:
-    """Live processes whose environment carries ``TAG_ENV=tag`` (an evaluation and everything it started)."""
-    return processes_with_env(TAG_ENV, tag.__eq__)
+    """Live processes whose environment carries ``ONLINE_EVAL_TAG_ENV=tag`` (an evaluation and everything it started)."""
+    return processes_with_env(ONLINE_EVAL_TAG_ENV, tag.__eq__)
 
 
 def _kill_first_eval(tag: str, killed: dict) -> None:

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 PRECISIONS = ("bf16", "fp32")
 """Compute precisions by name (training, serving, embedded inference); the torch dtypes are
-``models.cosmos3.parallelize.PRECISIONS``."""
+``models.cosmos3.parallelize.PRECISION_DTYPES``."""
 
 
 class ConfigError(ValueError):

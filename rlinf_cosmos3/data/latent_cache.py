@@ -46,7 +46,10 @@ FORMAT_VERSION = 2
 """2: samples carry ``idle_frames`` (the caption of the ``cosmos_framework`` style needs it)."""
 MANIFEST = "manifest.json"
 LATENT_KEY = "x0_vision"
-VALID_KEY = "vision_frame_valid"
+"""Batch key of precomputed VAE latents (``[B, C, T_latent, h, w]``): the cache writes it, the policy's
+processor reads it and skips the VAE."""
+LATENT_VALID_KEY = "vision_frame_valid"
+"""Batch key of the latent frames' validity (``[B, T_latent]`` bool) beside :data:`LATENT_KEY`."""
 _FIELDS = ("actions", "action_is_pad", "frame_is_pad", "state", "idle_frames", "episode_index", "frame_index")
 _DTYPES = {"bfloat16": (torch.bfloat16, np.uint16), "float32": (torch.float32, np.float32),
            "float16": (torch.float16, np.float16)}
@@ -234,7 +237,7 @@ def _encode_share(
         values = {
             "index": batch["index"].numpy(),
             LATENT_KEY: _to_numpy(latents),
-            VALID_KEY: valid.cpu().numpy().astype(bool),
+            LATENT_VALID_KEY: valid.cpu().numpy().astype(bool),
             **{f: batch[f].numpy() for f in _FIELDS},
         }
         for prompt in batch["prompt"]:
@@ -305,7 +308,7 @@ class LatentCacheDataset(Dataset):
             latents = latents.view(torch.bfloat16)
         sample: dict[str, Any] = {
             LATENT_KEY: latents,
-            VALID_KEY: torch.from_numpy(np.array(shard[VALID_KEY][r])),
+            LATENT_VALID_KEY: torch.from_numpy(np.array(shard[LATENT_VALID_KEY][r])),
             "prompt": self._tasks[s][int(shard["task"][r])],
             "index": torch.tensor(int(shard["index"][r]), dtype=torch.int64),
         }

@@ -39,7 +39,7 @@ from rlinf_cosmos3.workers.rollout import cleanup
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
 JOB_MODULE = "rlinf_cosmos3.runners.online_eval_job"
-TAG_ENV = "RLINF_COSMOS3_ONLINE_EVAL"
+ONLINE_EVAL_TAG_ENV = "RLINF_COSMOS3_ONLINE_EVAL"
 """Set to the run's ``online_eval`` directory in every evaluation process's environment (and so in its
 Ray, simulators and workers): how a check finds what an evaluation left running."""
 CHECK_TIMEOUT_S = 600
@@ -128,7 +128,7 @@ class OnlineEvaluator:
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("RAY_ADDRESS", None)  # the evaluation starts a private Ray of its own, never the training's
-        env[TAG_ENV] = str(self.root)
+        env[ONLINE_EVAL_TAG_ENV] = str(self.root)
         return env
 
     def _start(self, step: int, checkpoint: Path) -> None:

@@ -29,20 +29,20 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from rlinf_cosmos3.config.base import PRECISIONS as PRECISION_NAMES
+from rlinf_cosmos3.config.base import PRECISIONS
 from rlinf_cosmos3.models.cosmos3.packed_attention import checkpoint_in_packed_layout
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS: dict[str, torch.dtype] = dict(zip(PRECISION_NAMES, (torch.bfloat16, torch.float32), strict=True))
+PRECISION_DTYPES: dict[str, torch.dtype] = dict(zip(PRECISIONS, (torch.bfloat16, torch.float32), strict=True))
 """Each of ``config.base.PRECISIONS``, by name, as the torch dtype it means."""
 
 
 def precision_dtype(precision: str) -> torch.dtype:
     """``"bf16"``/``"fp32"`` -> torch dtype; the error lists the choices."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISIONS)}")
-    return PRECISIONS[precision]
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {sorted(PRECISION_DTYPES)}")
+    return PRECISION_DTYPES[precision]
 
 
 @dataclass(frozen=True)

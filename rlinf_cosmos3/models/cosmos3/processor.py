@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from rlinf_cosmos3.data.latent_cache import LATENT_KEY, LATENT_VALID_KEY
 from rlinf_cosmos3.models.cosmos3.captions import (
     cosmos_framework_eval_caption,
     cosmos_framework_training_caption,
@@ -30,9 +31,6 @@ from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
 from rlinf_cosmos3.models.cosmos3.keyed_noise import NoiseKeys
 from rlinf_cosmos3.models.cosmos3.observation import compose_observation
 
-LATENT_KEY = "x0_vision"
-"""Batch key of precomputed VAE latents (``[B, C, T_latent, h, w]``): the batch skips the VAE."""
-LATENT_VALID_KEY = "vision_frame_valid"
 CANVAS_KEY = "canvas"
 """Batch key of already composed canvases (uint8 ``[B, T, 3, H, W]``, :class:`~rlinf_cosmos3.models.cosmos3.
 canvas_samples.CanvasSamples`): the batch carries them instead of the two camera views."""

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 LOG_TAIL_CHARS = 4000
 HEALTH_POLL_S = 0.5
-TAG_ENV = "RLINF_COSMOS3_SGLANG_SERVER"
+SERVER_TAG_ENV = "RLINF_COSMOS3_SGLANG_SERVER"
 """Set in every server's environment (inherited by its children) as ``<group tag>:rank<i>``, so
 leftover processes can be found — by tests, or by hand with ``grep -l`` over /proc/*/environ."""
 # A port chosen free can still be taken before the server binds it; SGLang then exits with this.
@@ -39,9 +39,9 @@ PORT_RACE_MARKER = "--strict-ports is enabled"
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes started for the server group ``tag``: each carries ``TAG_ENV=<tag>:rank<i>`` in its
+    """Live processes started for the server group ``tag``: each carries ``SERVER_TAG_ENV=<tag>:rank<i>`` in its
     environment, children of the server included."""
-    return processes_with_env(TAG_ENV, lambda value: value.startswith(f"{tag}:"))
+    return processes_with_env(SERVER_TAG_ENV, lambda value: value.startswith(f"{tag}:"))
 
 
 class ServerStartError(RuntimeError):
@@ -67,7 +67,7 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     stop_timeout_s: float = 15.0
     tag: str = ""
-    """Group identifier put into the server's environment (TAG_ENV)."""
+    """Group identifier put into the server's environment (SERVER_TAG_ENV)."""
 
 
 def _connect_host(host: str) -> str:
@@ -114,7 +114,7 @@ class SGLangServerProcess:
         local = "127.0.0.1,localhost,::1"
         no_proxy = env.get("NO_PROXY", env.get("no_proxy", ""))
         env["NO_PROXY"] = env["no_proxy"] = f"{no_proxy},{local}".strip(",")
-        env[TAG_ENV] = f"{self.spec.tag}:rank{self.rank}"
+        env[SERVER_TAG_ENV] = f"{self.spec.tag}:rank{self.rank}"
         if self.spec.gpu_ids is None:
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["SGLANG_DIFFUSION_PLATFORM_OVERRIDE"] = "cpu"

@@ -103,7 +103,7 @@ class SGLangServerGroup(RolloutBackend):
         self._next = 0
         self._closed = False
         self.tag = f"sglang-{uuid.uuid4().hex[:8]}"
-        """Marks this group's server processes (``server_process.TAG_ENV``)."""
+        """Marks this group's server processes (``server_process.SERVER_TAG_ENV``)."""
 
     @property
     def max_batch_size(self) -> int:
