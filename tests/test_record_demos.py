@@ -386,3 +386,24 @@ def test_approach_jitter_repeats_record_distinct_grasps_that_succeed(tmp_path) -
     first_diff = int(np.flatnonzero(np.abs(a[:n] - b[:n]).max(axis=1) > 1e-6)[0])
     grip_closed = min(int(np.flatnonzero(x[:, 6] == 0.0)[0]) for x in (a, b))  # the stored gripper: 0 = closed
     assert first_diff < grip_closed  # the approaches differ before either grasp
+
+
+@pytest.mark.slow
+def test_packed_videos_hold_the_same_frames_as_one_file_per_episode(recorded_libero_dataset, dataset,
+                                                                     tmp_path) -> None:
+    """The join's two video layouts: the session's recording (one MP4 per episode and camera, the default)
+    and the same episodes packed into one MP4 per camera as lerobot packs them (--concatenate-videos)."""
+    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
+
+    per_episode = sorted((recorded_libero_dataset.root / "videos").rglob("*.mp4"))
+    assert len(per_episode) == 2 * 2  # 2 episodes x 2 cameras
+    cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0, 1], out=tmp_path / "packed",
+                       repo_id="local/recorded_libero", keep_failed=True, num_envs=2, concatenate_videos=True)
+    record_demos(cfg, show_progress=False)
+    assert len(sorted((cfg.out / "videos").rglob("*.mp4"))) == 2  # one per camera
+    packed = LeRobotDataset("local/recorded_libero", root=cfg.out, video_backend="pyav")
+    assert packed.num_frames == dataset.num_frames
+    for i in range(dataset.num_frames):
+        a, b = dataset[i], packed[i]
+        for key in (MAIN_IMAGE_KEY, WRIST_IMAGE_KEY, STATE_KEY, ACTION_KEY):
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"frame {i}, {key}")

@@ -43,7 +43,7 @@ PARTIAL_SUFFIX = ".partial"
 PLAN_FILE = "plan.json"
 EPISODES_DIR = "episodes"
 # RecordConfig fields that do not change what is recorded: a continued run may set them differently.
-_NOT_PLANNED = ("out", "num_envs", "writer_procs")
+_NOT_PLANNED = ("out", "num_envs", "writer_procs", "concatenate_videos")
 
 Frame = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # main image, wrist image, state, command
 
@@ -196,13 +196,14 @@ class EpisodeStore:
         cfg = self.cfg
         self._executor().submit(publish_dataset, [str(self.episodes / k) for k in keys], columns, str(self.out),
                                 cfg.repo_id, cfg.fps, cfg.image_size, cfg.camera_storage == "video",
-                                str(self.dir)).result()
+                                str(self.dir), cfg.concatenate_videos).result()
         return {k: i for i, k in enumerate(keys)}
 
 
 def publish_dataset(roots: Sequence[str], columns: dict[int, dict[str, Any]], out: str, repo_id: str, fps: int,
-                    image_size: int, use_videos: bool, partial: str) -> None:
-    """Join one-episode datasets (in order) into ``out`` with lerobot's ``aggregate_datasets``, atomically.
+                    image_size: int, use_videos: bool, partial: str, concatenate_videos: bool = False) -> None:
+    """Join one-episode datasets (in order) into ``out`` with lerobot's ``aggregate_datasets``, atomically
+    (``concatenate_videos``: see :attr:`RecordConfig.concatenate_videos`).
 
     Built under a temporary name beside ``out``, given the outcome columns, then renamed to ``out``; the
     ``partial`` directory goes right after, in the same process, so a kill of the recorder cannot leave
@@ -216,7 +217,8 @@ def publish_dataset(roots: Sequence[str], columns: dict[int, dict[str, Any]], ou
     shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while publishing
     if roots:
         with keep_scheduling():
-            aggregate_datasets([repo_id] * len(roots), repo_id, roots=[Path(r) for r in roots], aggr_root=tmp)
+            aggregate_datasets([repo_id] * len(roots), repo_id, roots=[Path(r) for r in roots], aggr_root=tmp,
+                               concatenate_videos=concatenate_videos)
         add_episode_columns(tmp, columns)
     else:  # nothing kept: an empty dataset that says so (0 episodes), as lerobot writes one
         DemoDatasetWriter(tmp, repo_id, fps=fps, image_size=image_size, use_videos=use_videos).finalize()

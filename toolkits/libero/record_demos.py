@@ -52,7 +52,8 @@ FLAGS = {"suite": "--suite", "task_ids": "--task-ids", "init_state_ids": "--init
          "policy.noise_std": "--action-noise", "policy.noise_period": "--noise-period",
          "policy.noise_burst": "--noise-burst", "camera_storage": "--camera-storage",
          "recorded_action": "--recorded-action", "policy.place_jitter": "--place-jitter",
-         "policy.approach_jitter": "--approach-jitter", "repeats": "--repeats", "writer_procs": "--writers"}
+         "policy.approach_jitter": "--approach-jitter", "repeats": "--repeats", "writer_procs": "--writers",
+         "concatenate_videos": "--concatenate-videos"}
 """RecordConfig field -> the flag that sets it."""
 
 
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1,
                    help="episodes per task and init state, each with its own seed (needs --place-jitter, "
                         "--approach-jitter or --action-noise, else they would be identical)")
+    p.add_argument("--concatenate-videos", action="store_true",
+                   help="pack the videos into large files as lerobot does by default (the join then remuxes once "
+                        "per episode, O(n^2)); default: one MP4 per episode and camera, the same frames")
     p.add_argument("--summary-json", type=Path, default=None, help="also write per-task results here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--log-level", default="INFO")
@@ -152,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         writer_procs=args.writers if args.writers is not None else max(1, (os.cpu_count() or 1) // 4),
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
+        concatenate_videos=args.concatenate_videos,
     )
     try:  # every input, before a simulator starts or --out is created
         check_record_config(cfg, CAMERA_STORAGES)
