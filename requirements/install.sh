@@ -80,13 +80,16 @@ ensure_apt() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# shellcheck source=find_uv.sh
+source "$REQ/find_uv.sh"
+
 ensure_uv() {
-  if command -v uv >/dev/null 2>&1; then step "uv $(uv --version | cut -d' ' -f2) found"; return; fi
+  if uv_onto_path; then step "uv $(uv --version | cut -d' ' -f2) found at $(command -v uv)"; return; fi
   step "installing uv from PyPI"
   local py; py=$(command -v python3) || die "no python3 to bootstrap uv with"
   "$py" -m pip install -q --user uv || "$py" -m pip install -q uv || die "could not pip install uv"
-  export PATH="$HOME/.local/bin:$PATH"
-  command -v uv >/dev/null || die "uv installed but not on PATH"
+  uv_onto_path || die "uv installed but found neither on PATH nor where pip puts scripts"
+  step "uv installed at $(command -v uv) (the packing scripts find it there; add its folder to PATH to call it yourself)"
 }
 
 stamp_of() { cat "$@" "$0" | sha256sum | cut -c1-16; }

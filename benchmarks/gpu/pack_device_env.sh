@@ -49,9 +49,9 @@ PLATFORM=(--python-version 3.12 --python-platform x86_64-manylinux_2_34)
 XZ_LEVEL="${DEVPKG_XZ_LEVEL:--9}"
 
 die() { echo "[pack] ERROR: $*" >&2; exit 1; }
-# requirements/install.sh installs uv with `pip install --user` when the machine has none: find it there
-case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) [ -x "$HOME/.local/bin/uv" ] && PATH="$PATH:$HOME/.local/bin" ;; esac
-command -v uv >/dev/null || die "uv not found (requirements/install.sh installs it; or: pip install uv)"
+# shellcheck source=../../requirements/find_uv.sh
+source "$ROOT/requirements/find_uv.sh"  # uv where requirements/install.sh put it (~/.local/bin), off PATH
+uv_onto_path || die "uv not found (requirements/install.sh installs it; or: pip install uv)"
 say() { echo "[pack] $*"; }
 
 # ------------------------------------------------------------------------------------------ versions

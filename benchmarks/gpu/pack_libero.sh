@@ -45,9 +45,9 @@ PINS=(mujoco==3.3.7 robosuite==1.4.1 rlinf-libero==0.1.3 bddl==3.6.0 pyopengl==3
 GL_LIBS=(libEGL.so.1 libGLdispatch.so.0 libOpenGL.so.0 libGL.so.1 libGLX.so.0)
 
 die() { echo "[pack_libero] ERROR: $*" >&2; exit 1; }
-# requirements/install.sh installs uv with `pip install --user` when the machine has none: find it there
-case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) [ -x "$HOME/.local/bin/uv" ] && PATH="$PATH:$HOME/.local/bin" ;; esac
-command -v uv >/dev/null || die "uv not found (requirements/install.sh installs it; or: pip install uv)"
+# shellcheck source=../../requirements/find_uv.sh
+source "$ROOT/requirements/find_uv.sh"  # uv where requirements/install.sh put it (~/.local/bin), off PATH
+uv_onto_path || die "uv not found (requirements/install.sh installs it; or: pip install uv)"
 say() { echo "[pack_libero] $*" >&2; }
 while [ $# -gt 0 ]; do
   case "$1" in
