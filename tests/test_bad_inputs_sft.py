@@ -204,7 +204,7 @@ def test_resume_dir_trained_with_other_settings_is_refused_before_ray(inputs, tm
     import dataclasses
 
     from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE
-    from rlinf_cosmos3.runners.sft_runner import check_resume_identity, training_identity
+    from rlinf_cosmos3.validation.sft import check_resume_identity, training_identity
 
     cfg = _load(inputs)
     same = _checkpoint(tmp_path / "same", {IDENTITY_FILE: training_identity(cfg).to_json()})
@@ -317,3 +317,14 @@ def test_objective_settings_name_their_field(inputs, override, field, text) -> N
 def test_a_resolution_tier_that_resizes_the_canvas_is_refused_before_ray(inputs, tmp_path) -> None:
     log = _driver_refuses(inputs, tmp_path, "actor.model.resolution_tier", "actor.model.resolution_tier=480")
     assert "not the 192x320 canvas" in log
+
+
+def test_a_domain_the_policy_does_not_know_is_refused_before_ray(inputs, tmp_path) -> None:
+    """Once a rank's policy refused it after Ray had started; ``preflight`` runs the policy's own check."""
+    from rlinf_cosmos3.config.base import load_structured
+    from rlinf_cosmos3.validation.sft import preflight
+
+    with pytest.raises(ConfigError, match="no raw action width registered for domain 'not_a_robot'") as err:
+        preflight(load_structured(SFTConfig, _raw(inputs, "actor.model.domain_name=not_a_robot")))
+    assert err.value.field == "actor.model.domain_name" and "domains.py" in err.value.fix
+    _driver_refuses(inputs, tmp_path, "actor.model.domain_name", "actor.model.domain_name=not_a_robot")

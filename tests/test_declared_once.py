@@ -4,7 +4,9 @@ Every module under ``rlinf_cosmos3/`` is parsed with ``ast`` (nothing is importe
 assignment of a listed name is a declaration. The test fails when a listed name is declared in more
 than one module (a second copy that can drift), or in none (renamed or moved: update the list). An
 ``import`` of the name, with or without ``as``, is not a declaration. Beyond the list, no upper-case
-name may be assigned the same literal value in two modules (an unlisted copy).
+name may be assigned the same literal value in two modules (an unlisted copy). And no field of the
+training objective is declared by two of the schemas that carry it (the SFT ``actor`` sections, the
+policy's config): the objective is one dataclass, ``config/objective.py``'s.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent / "rlinf_cosmos3"
 
 # name -> the one module (relative to rlinf_cosmos3/) that declares it
 DECLARED_ONCE: dict[str, str] = {
-    "ATTENTION_BACKENDS": "config/sft.py",
+    "ATTENTION_BACKENDS": "config/objective.py",
+    "SIGMA_DISTRIBUTIONS": "config/objective.py",
     "ACTION_DIM": "config/libero_suites.py",  # the 7-D LIBERO command / stored action
     "STATE_DIM": "config/libero_suites.py",  # the 8-D robot state
     "PRECISIONS": "config/base.py",  # the precision names; parallelize's torch dtypes are PRECISION_DTYPES
@@ -110,3 +113,40 @@ def test_no_constant_is_copied_under_its_name() -> None:
 def test_the_copy_scan_sees_literals_only() -> None:
     tree = ast.parse("A = 'x'\nB: int = 2\nC = f()\nlower = 1\n_D = (1, 2)\nif x:\n    E = 3\n")
     assert _literal_constants(tree) == {"A": "x", "B": 2, "_D": (1, 2)}
+
+
+FIELDS_IN_TWO_SCHEMAS = {
+    "precision": "the policy's is the dtype the noisy tokens enter in (None: the parameters'); an SFT rank passes "
+                 "actor.model.precision on GPU, fp32 on CPU",
+    "max_tokens_per_pack": "actor.max_tokens_per_pack is a key of the actor section, not of actor.model; both "
+                           "default to config.sft.DEFAULT_MAX_TOKENS_PER_PACK",
+}
+"""Field names two schemas below may both declare, with the reason; the list may only shrink."""
+
+
+def _own_fields(cls: type) -> set[str]:
+    """Fields a dataclass declares in its own body (not the ones it inherits)."""
+    return set(vars(cls).get("__annotations__", {}))
+
+
+def test_no_objective_field_is_declared_in_two_schemas() -> None:
+    """``actor.model`` inherits the objective and the policy holds it: a field copied into either fails here."""
+    from rlinf_cosmos3.config.model_settings import ModelSettings
+    from rlinf_cosmos3.config.objective import ObjectiveConfig
+    from rlinf_cosmos3.config.sft import ActorConfig, ModelConfig
+    from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
+
+    assert issubclass(ModelConfig, ObjectiveConfig)
+    schemas = (ObjectiveConfig, ModelConfig, ActorConfig, PolicyConfig)
+    owners: dict[str, list[str]] = defaultdict(list)
+    for cls in schemas:
+        for name in _own_fields(cls):
+            owners[name].append(cls.__name__)
+    # The model settings are ModelSettings' (the policy inherits them, fps as a float); actor.model states each
+    # as a key of its own, listed in SFT_SETTING_KEYS and checked by tests/test_model_identity.py.
+    settings = _own_fields(ModelSettings)
+    twice = {name: classes for name, classes in owners.items()
+             if len(classes) > 1 and name not in settings and name not in FIELDS_IN_TWO_SCHEMAS}
+    assert not twice, f"fields declared in two schemas (declare each once, in config/): {twice}"
+    stale = sorted(name for name in FIELDS_IN_TWO_SCHEMAS if len(owners.get(name, [])) < 2)
+    assert not stale, f"no longer declared twice: delete them from FIELDS_IN_TWO_SCHEMAS: {stale}"

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rlinf_cosmos3.config.objective import ObjectiveConfig
 from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig
 from rlinf_cosmos3.models.cosmos3.flow_matching import keyed_draws, keyed_dropout
 from rlinf_cosmos3.models.cosmos3.keyed_noise import (
@@ -66,7 +67,7 @@ def _sample(frames: int = 5) -> EncodedSample:
 
 def test_a_samples_draws_depend_on_its_key_alone() -> None:
     """Whatever batch (rank, pack) a sample lands in, it draws the same sigma, noise and dropout coin."""
-    cfg = PolicyConfig(caption_dropout=0.5)
+    cfg = PolicyConfig(objective=ObjectiveConfig(caption_dropout=0.5))
     keys = NoiseKeys(seed=5, step=17, indexes=torch.tensor([40, 3, 977, 12]))
     whole = keyed_draws(cfg, [_sample()] * 4, keys, torch.device("cpu"))
     for rows in ([1], [2, 0], [3, 1, 2]):
@@ -92,7 +93,8 @@ def test_a_samples_draws_depend_on_its_key_alone() -> None:
 def test_the_actions_own_sigma_leaves_the_other_draws_alone() -> None:
     keys = NoiseKeys(seed=1, step=2, indexes=torch.arange(6))
     shared = keyed_draws(PolicyConfig(), [_sample()] * 6, keys, torch.device("cpu"))
-    own = keyed_draws(PolicyConfig(action_sigma_distribution="uniform"), [_sample()] * 6, keys, torch.device("cpu"))
+    own_sigma = PolicyConfig(objective=ObjectiveConfig(action_sigma_distribution="uniform"))
+    own = keyed_draws(own_sigma, [_sample()] * 6, keys, torch.device("cpu"))
     assert torch.equal(shared.sigma, shared.sigma_action) and torch.equal(own.sigma, shared.sigma)
     assert torch.equal(own.eps_vision, shared.eps_vision) and not torch.equal(own.sigma_action, own.sigma)
     assert float(own.sigma.min()) >= 0 and float(own.sigma.max()) <= 1

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlinf_cosmos3.actions import compute_action_stats, write_action_stats
-from rlinf_cosmos3.config import ConfigError
+from rlinf_cosmos3.config import ConfigError, objective
 from rlinf_cosmos3.config import sft as sft_config
 from rlinf_cosmos3.config.base import load_structured
 from rlinf_cosmos3.config.rollout import RolloutModelConfig
@@ -72,7 +72,7 @@ def test_reference_recipe_runs_nvidias_lambda_linear_cycle() -> None:
 
 def test_caption_styles_and_sigma_distributions_of_the_config_and_the_model_agree() -> None:
     assert sft_config.CAPTION_STYLES == captions.CAPTION_STYLES
-    assert sft_config.SIGMA_DISTRIBUTIONS == configuration.SIGMA_DISTRIBUTIONS
+    assert objective.SIGMA_DISTRIBUTIONS is configuration.SIGMA_DISTRIBUTIONS  # declared once, imported
 
 
 # ----------------------------------------------------------------------------- SFT config checks

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlinf_cosmos3.config.objective import ObjectiveConfig
 from rlinf_cosmos3.models.cosmos3.policy import (
     Cosmos3Policy,
     EncodedSample,
@@ -81,13 +82,15 @@ def _perturb_outputs(policy: Cosmos3Policy, edit: Callable[[torch.Tensor, torch.
 
 def test_recipe_defaults() -> None:
     cfg = PolicyConfig()
-    assert (cfg.sigma_distribution, cfg.training_shift, cfg.loss_scale, cfg.action_loss_weight) == ("waver", 3.0, 10.0, 1.0)
+    objective = cfg.objective
+    assert (objective.sigma_distribution, cfg.training_shift, objective.loss_scale, objective.action_loss_weight) == (
+        "waver", 3.0, 10.0, 1.0)
     assert (canvas_tier(192, 320), canvas_tier(480, 832), canvas_tier(720, 1280)) == ("256", "480", "720")
     with pytest.raises(ValueError, match="sigma_distribution"):
-        PolicyConfig(sigma_distribution="cosine")
+        PolicyConfig(objective=ObjectiveConfig(sigma_distribution="cosine"))
     with pytest.raises(ValueError, match="caption_dropout"):
-        PolicyConfig(caption_dropout=1.0)
-    with pytest.raises(KeyError, match="domains.py"):
+        PolicyConfig(objective=ObjectiveConfig(caption_dropout=1.0))
+    with pytest.raises(ValueError, match="domains.py"):
         PolicyConfig(domain_name="not_a_robot")
 
 
@@ -270,7 +273,7 @@ def test_condition_frame_and_padded_frames_are_not_scored(policy: Cosmos3Policy,
 
 
 def test_caption_dropout_trains_on_the_unconditional_prompt(policy: Cosmos3Policy, encoded: list) -> None:
-    cfg = dataclasses.replace(policy.cfg, caption_dropout=0.999)
+    cfg = dataclasses.replace(policy.cfg, objective=ObjectiveConfig(caption_dropout=0.999))
     dropping = Cosmos3Policy(policy.transformer, policy.vae, policy.pipeline.text_tokenizer, policy.pipeline.scheduler, cfg)
     seen: list[list[int]] = []
     handle = policy.transformer.register_forward_pre_hook(
@@ -300,7 +303,7 @@ def test_actions_share_the_vision_sigma_unless_given_their_own(policy: Cosmos3Po
 
     vision, action = timesteps(policy)
     assert vision == action and len(vision) == 1
-    cfg = dataclasses.replace(policy.cfg, action_sigma_distribution="uniform")
+    cfg = dataclasses.replace(policy.cfg, objective=ObjectiveConfig(action_sigma_distribution="uniform"))
     own = Cosmos3Policy(policy.transformer, policy.vae, policy.pipeline.text_tokenizer, policy.pipeline.scheduler, cfg)
     vision_own, (action_own,) = timesteps(own)
     assert vision_own == vision, "the vision sigma is drawn first, as before"
@@ -309,6 +312,6 @@ def test_actions_share_the_vision_sigma_unless_given_their_own(policy: Cosmos3Po
     expected = float(sample_sigma("uniform", cfg.training_shift, gen)) * 1000
     assert action_own == pytest.approx(expected, rel=1e-6) and action_own not in vision
     with pytest.raises(ValueError, match="action_sigma_distribution"):
-        PolicyConfig(action_sigma_distribution="cosine")
+        PolicyConfig(objective=ObjectiveConfig(action_sigma_distribution="cosine"))
     with pytest.raises(ValueError, match=r"resolution_tier 480 sizes canvases to .* not the 192x320 canvas"):
-        PolicyConfig(resolution_tier=480)
+        PolicyConfig(objective=ObjectiveConfig(resolution_tier=480))

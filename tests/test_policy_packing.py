@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+from rlinf_cosmos3.config.objective import ObjectiveConfig
 from rlinf_cosmos3.config.sft import DEFAULT_MAX_TOKENS_PER_PACK as CONFIG_DEFAULT
 from rlinf_cosmos3.models.cosmos3.configuration import DEFAULT_MAX_TOKENS_PER_PACK
 from rlinf_cosmos3.models.cosmos3.flow_matching import draw_noise
@@ -47,7 +48,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy(model_dir: Path) -> Cosmos3Policy:
-    return Cosmos3Policy.from_pretrained(model_dir, PolicyConfig(caption_dropout=0.5))
+    return Cosmos3Policy.from_pretrained(model_dir, PolicyConfig(objective=ObjectiveConfig(caption_dropout=0.5)))
 
 
 @pytest.fixture(scope="module")

@@ -197,16 +197,18 @@ def test_launcher_rejects_a_bad_dataset_before_ray_starts(paths, datasets, tmp_p
 
 def test_objective_settings_reach_the_policy(paths) -> None:
     """The recipe's objective knobs are set from YAML / the command line and the ranks' PolicyConfig gets them."""
+    from rlinf_cosmos3.config.objective import ObjectiveConfig
     from rlinf_cosmos3.models.cosmos3.configuration import PolicyConfig, policy_config_from_sft
 
     default = policy_config_from_sft(load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(paths))), precision="fp32")
     recipe = PolicyConfig()
     names = ("sigma_distribution", "action_sigma_distribution", "shift", "caption_dropout", "mask_padded_frames",
              "resolution_tier")
-    assert [getattr(default, n) for n in names] == [getattr(recipe, n) for n in names]
+    assert [getattr(default.objective, n) for n in names] == [getattr(recipe.objective, n) for n in names]
     cfg = load_sft_config(_compose("libero_sft_cosmos3_tiny", _tiny(
         paths, "actor.model.sigma_distribution=logitnormal", "actor.model.action_sigma_distribution=uniform",
         "actor.model.shift=5.0", "actor.model.caption_dropout=0.1", "actor.model.mask_padded_frames=false")))
     policy = policy_config_from_sft(cfg, precision="fp32")
-    assert [getattr(policy, n) for n in names] == ["logitnormal", "uniform", 5.0, 0.1, False, 256]
+    assert [getattr(policy.objective, n) for n in names] == ["logitnormal", "uniform", 5.0, 0.1, False, 256]
+    assert policy.objective == ObjectiveConfig.of(cfg.actor.model)  # every objective field, none copied by hand
     assert policy.training_shift == 5.0

@@ -23,6 +23,7 @@ import torch
 from rlinf_cosmos3.components.ema import PowerEMA, power_ema_exponent
 from rlinf_cosmos3.components.optim import build_optimizer, lambda_linear_schedule
 from rlinf_cosmos3.components.train_step import train_step
+from rlinf_cosmos3.config.objective import ObjectiveConfig
 from rlinf_cosmos3.models.cosmos3.configuration import NUM_TRAIN_TIMESTEPS, sigma_from_draw
 from rlinf_cosmos3.models.cosmos3.keyed_noise import (
     STREAM_ACTION,
@@ -45,7 +46,7 @@ CLIP = 1.0
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> Cosmos3Policy:
     model_dir: Path = write_model_dir(tmp_path_factory.mktemp("cosmos3") / "tiny", preset="tiny", seed=0)
-    return Cosmos3Policy.from_pretrained(model_dir, PolicyConfig(caption_dropout=0.5))
+    return Cosmos3Policy.from_pretrained(model_dir, PolicyConfig(objective=ObjectiveConfig(caption_dropout=0.5)))
 
 
 def _batch(first_index: int, seed: int) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def _reference_draws(index: int, step: int, sample: EncodedSample, cfg: PolicyCo
         "sigma": sigma,
         "eps_vision": normal_from_words(vision_w[0]).reshape(sample.x0_vision.shape),
         "eps_action": normal_from_words(action_w[0]).reshape(sample.x0_action.shape),
-        "dropped": float(uniform_from_words(drop_w[0, 0])) < cfg.caption_dropout,
+        "dropped": float(uniform_from_words(drop_w[0, 0])) < cfg.objective.caption_dropout,
     }
 
 
@@ -115,7 +116,7 @@ def _reference_step(policy: Cosmos3Policy, transformer: torch.nn.Module, batches
             losses.append(_reference_sample_loss(policy, transformer, sample, draws))
         vision = torch.stack([v for v, _ in losses]).mean()
         action = torch.stack([a for _, a in losses]).mean()
-        loss = cfg.loss_scale * (vision + cfg.action_loss_weight * action)
+        loss = cfg.objective.loss_scale * (vision + cfg.objective.action_loss_weight * action)
         (loss / len(batches)).backward()
         parts += torch.stack([loss, vision, action]).detach().double() / len(batches)
     grads = {n: p.grad.detach().clone() for n, p in transformer.named_parameters() if p.grad is not None}

@@ -1,11 +1,13 @@
 """The SFT run config: one dataclass per YAML section, and the checks that need nothing but the config.
 
 Sections mirror the reference recipe (RLinf's ``libero_sft_cosmos3.yaml``): ``cluster``, ``runner``,
-``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. The checks here look at values only
-(batch sizes divide, names are known, ranges hold, the reader's settings are the model's); the ones
-that read what is on disk (model directory, stats file, dataset, checkpoint to resume, GPUs) are in
-:mod:`rlinf_cosmos3.validation.sft`, whose ``load_sft_config`` runs all of them before any worker starts
-and raises :class:`ConfigError` naming the field and the fix.
+``actor`` (with ``actor.model`` and ``actor.optim``) and ``data``. Each section checks its values in
+``validate()`` (batch sizes divide, names are known, ranges hold) and :meth:`SFTConfig.validate` runs them
+all, with the reader's settings against the model's; ``actor.model`` inherits the objective's fields and
+their check from :class:`~rlinf_cosmos3.config.objective.ObjectiveConfig`. The checks that read what is on
+disk (model directory, stats file, dataset, checkpoint to resume, GPUs) are in
+:mod:`rlinf_cosmos3.validation.sft`, whose ``preflight`` runs everything once before Ray starts and raises
+:class:`ConfigError` naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -16,20 +18,21 @@ from rlinf_cosmos3.config.base import PRECISIONS, ConfigError, require
 from rlinf_cosmos3.config.cluster import ClusterConfig
 from rlinf_cosmos3.config.data import DATA_SETTING_KEYS, LiberoDataConfig
 from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, read_settings
+from rlinf_cosmos3.config.objective import (
+    ATTENTION_BACKENDS as ATTENTION_BACKENDS,  # re-exported for config/rl.py; declared in config/objective.py
+)
+from rlinf_cosmos3.config.objective import ObjectiveConfig
 from rlinf_cosmos3.paths import REPO_ROOT
 
 DEFAULT_MAX_TOKENS_PER_PACK = 74_000
 """cosmos-framework's LIBERO recipe packs samples up to ``max_num_tokens_after_packing`` = 74,000 tokens per
 transformer call (~174 LIBERO samples of 424 tokens); also ``PolicyConfig``'s default."""
-ATTENTION_BACKENDS = ("auto", "flex", "loop")
-"""``actor.model.attention_backend``: the packed attention backends of ``models/cosmos3/packed_attention.py``."""
-SIGMA_DISTRIBUTIONS = ("waver", "logitnormal", "uniform")
-"""How a training sigma can be drawn (``models/cosmos3/configuration.py`` ``sample_sigma``)."""
 
 
 @dataclass
-class ModelConfig:
-    """``actor.model``: which Cosmos3 diffusers directory to fine-tune and how to hold it."""
+class ModelConfig(ObjectiveConfig):
+    """``actor.model``: which Cosmos3 diffusers directory to fine-tune, how to hold it, the model settings it
+    trains and (inherited, keys ``actor.model.<field>``) the objective it trains with."""
 
     model_path: str = "???"
     """Diffusers Cosmos3 directory (model_index.json, transformer/, vae/, text_tokenizer/, scheduler/)."""
@@ -64,34 +67,33 @@ class ModelConfig:
     canvas_height: int = RECIPE.canvas_height
     canvas_width: int = RECIPE.canvas_width
     fps: int = RECIPE.fps
-    resolution_tier: int = 256
-    """diffusers' action resolution tier the canvas is sized by (``CosmosActionCondition.resolution_tier``);
-    it must size ``canvas_height x canvas_width`` as is (256 for the 192x320 LIBERO canvas)."""
-    sigma_distribution: str = "waver"
-    """How a training sigma is drawn (the recipe's ``train_time_video_distribution``): ``waver``,
-    ``logitnormal`` or ``uniform``."""
-    action_sigma_distribution: str | None = None
-    """null: the action tokens share the vision sigma (the recipe: ``independent_action_schedule=False``);
-    a distribution: actions get their own sigma, drawn with it (docs/sft_objective.md)."""
-    shift: float | None = None
-    """Sigma shift ``s t / (1 + (s - 1) t)``; null: the recipe's by canvas tier (3.0 for 192x320)."""
-    caption_dropout: float = 0.0
-    """Chance a sample trains on the unconditional prompt. NVIDIA trains with 0.1 to enable
-    classifier-free guidance; our serving runs guidance 1.0 (no unconditional pass), so the default
-    spends no samples on it (docs/sft_objective.md)."""
-    mask_padded_frames: bool = True
-    """Leave latent frames made only of episode-end padding out of the vision loss."""
-    loss_scale: float = 10.0
-    """Flow-matching loss weight (cosmos-framework LIBERO recipe: ``loss_scale = 10``)."""
-    action_loss_weight: float = 1.0
-    """Weight of the action MSE relative to the vision MSE."""
-    attention_backend: str = "auto"
-    """Attention of packed samples: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample,
-    any device) or ``auto`` (flex on GPU, loop on CPU)."""
     caption_style: str = RECIPE.caption_style
     """Training caption: ``diffusers`` (the one diffusers and SGLang build at serving time) or
     ``cosmos_framework`` (NVIDIA's LIBERO training caption, with the layout sentence and the chunk's
     idle frames); part of the model's identity, evaluation must prompt with the same style."""
+
+    def validate(self, root: str = "actor.model") -> None:
+        """How the model is held, its caption style and the objective (inherited check)."""
+        require(self.precision in PRECISIONS, f"{root}.precision",
+                f"unknown precision '{self.precision}'", f"use one of {list(PRECISIONS)}")
+        require(0.0 < self.ema_rate, f"{root}.ema_rate", f"must be > 0, got {self.ema_rate}")
+        require(not self.load_to_device, f"{root}.load_to_device",
+                "true (the whole model placed on one GPU before sharding) is not implemented: the transformer is "
+                "always built on the meta device, sharded with FSDP2 and then filled shard by shard",
+                f"set {root}.load_to_device=false (the default; no GPU ever holds the whole model)")
+        # Compiled blocks under diffusers' activation checkpointing with FSDP2 fail in the first backward
+        # (torch.utils.checkpoint.CheckpointError: recomputed tensors differ from the saved ones; measured on an
+        # H200, docs/benchmarks.md); each option alone works.
+        require(not (self.compile_blocks and self.activation_checkpointing), f"{root}.compile_blocks",
+                "compile_blocks=true together with activation_checkpointing=true fails in the first backward on "
+                "GPU (CheckpointError: recomputed tensors differ from the forward's)",
+                f"set {root}.activation_checkpointing=false (then compiled blocks are 1.64x faster on an H200, "
+                "at more activation memory) or keep compile_blocks=false")
+        super().validate(root)
+        require(self.caption_style in CAPTION_STYLES, f"{root}.caption_style",
+                f"unknown caption style '{self.caption_style}'", f"use one of {list(CAPTION_STYLES)}")
+        require(all(v > 0 for v in self.lr_multipliers.values()), f"{root}.lr_multipliers",
+                f"multipliers must be > 0, got {self.lr_multipliers}")
 
 
 @dataclass
@@ -107,6 +109,15 @@ class OptimConfig:
     total_training_steps: int = 5000
     min_lr_rate: float = 0.0
 
+    def validate(self, root: str = "actor.optim") -> None:
+        require(self.lr > 0, f"{root}.lr", f"must be > 0, got {self.lr}")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{root}.betas",
+                f"must be two numbers in [0, 1), got {self.betas}")
+        require(self.clip_grad > 0, f"{root}.clip_grad", f"must be > 0, got {self.clip_grad}")
+        require(0 <= self.lr_warmup_steps < self.total_training_steps, f"{root}.lr_warmup_steps",
+                f"must be in [0, total_training_steps={self.total_training_steps}), got {self.lr_warmup_steps}")
+        require(0.0 <= self.min_lr_rate <= 1.0, f"{root}.min_lr_rate", f"must be in [0, 1], got {self.min_lr_rate}")
+
 
 @dataclass
 class ActorConfig:
@@ -120,6 +131,25 @@ class ActorConfig:
     sample (the reference path)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def validate(self, world: int) -> None:
+        """The batch geometry over ``world`` ranks (global = micro x world x accumulation), packing, model, optim."""
+        require(self.micro_batch_size >= 1, "actor.micro_batch_size", f"must be >= 1, got {self.micro_batch_size}",
+                "set it to the samples one rank processes per forward/backward, e.g. actor.micro_batch_size=1")
+        per_step = self.micro_batch_size * world
+        require(
+            self.global_batch_size % per_step == 0,
+            "actor.global_batch_size",
+            f"{self.global_batch_size} is not a multiple of micro_batch_size x world_size = "
+            f"{self.micro_batch_size} x {world} = {per_step}",
+            f"use a multiple of {per_step}, e.g. "
+            f"actor.global_batch_size={max(per_step, self.global_batch_size // per_step * per_step)}",
+        )
+        require(self.max_tokens_per_pack is None or self.max_tokens_per_pack >= 1, "actor.max_tokens_per_pack",
+                f"must be >= 1 or null, got {self.max_tokens_per_pack}",
+                "use e.g. 74000 (the recipe), or null for one transformer call per sample")
+        self.model.validate("actor.model")
+        self.optim.validate("actor.optim")
 
 
 ONLINE_EVAL_FORCED = ("rollout.rollout_backend", "rollout.model.model_path", "rollout.model.action_stats_path",
@@ -179,6 +209,21 @@ class RunnerConfig:
     at that step is what is evaluated; see ``online_eval``). None: no evaluation during training."""
     online_eval: OnlineEvalConfig = field(default_factory=OnlineEvalConfig)
 
+    def validate(self) -> None:
+        """Lengths and intervals; the online evaluation's schedule and eval config name when it is on."""
+        require(self.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {self.max_steps}")
+        require(self.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {self.save_interval}")
+        require(self.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {self.log_interval}")
+        require(self.max_wall_time_s is None or self.max_wall_time_s > 0, "runner.max_wall_time_s",
+                f"must be > 0 or null, got {self.max_wall_time_s}",
+                "give the run's time limit in seconds (it stops with a checkpoint), or null for none")
+        keep = self.max_checkpoints_to_keep
+        require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
+                f"must be >= 1 or null (keep all), got {keep}",
+                "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
+        if self.eval_interval is not None:
+            check_online_eval(self)
+
 
 @dataclass
 class DataLoaderConfig:
@@ -204,6 +249,15 @@ class SFTConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     data: DataLoaderConfig = field(default_factory=DataLoaderConfig)
 
+    def validate(self) -> SFTConfig:
+        """Every section's values, and the reader's model settings against the run's; raises :class:`ConfigError`
+        on the first. What is on disk is :mod:`rlinf_cosmos3.validation.sft`'s."""
+        self.cluster.validate("cluster")
+        self.actor.validate(self.cluster.world_size)
+        self.runner.validate()
+        check_dataset_values(self)
+        return self
+
 
 SFT_SETTING_KEYS = {
     "fps": "actor.model.fps", "action_horizon": "actor.model.action_horizon", "num_frames": "actor.model.num_frames",
@@ -219,78 +273,6 @@ its reader (``DATA_SETTING_KEYS``); :func:`check_dataset_values` requires them e
 def sft_model_settings(cfg: SFTConfig) -> ModelSettings:
     """The model settings an SFT run trains with (and writes into its checkpoints' identity)."""
     return read_settings(cfg, SFT_SETTING_KEYS)
-
-
-def check_sft_values(cfg: SFTConfig) -> None:
-    """The rules on ``cluster``, ``actor`` and ``runner`` values; raises :class:`ConfigError` on the first."""
-    cfg.cluster.validate("cluster")
-    actor, model, optim, runner = cfg.actor, cfg.actor.model, cfg.actor.optim, cfg.runner
-    world = cfg.cluster.world_size
-
-    # Batch geometry: global = micro x world x accumulation.
-    require(actor.micro_batch_size >= 1, "actor.micro_batch_size", f"must be >= 1, got {actor.micro_batch_size}",
-            "set it to the samples one rank processes per forward/backward, e.g. actor.micro_batch_size=1")
-    per_step = actor.micro_batch_size * world
-    require(
-        actor.global_batch_size % per_step == 0,
-        "actor.global_batch_size",
-        f"{actor.global_batch_size} is not a multiple of micro_batch_size x world_size = "
-        f"{actor.micro_batch_size} x {world} = {per_step}",
-        f"use a multiple of {per_step}, e.g. actor.global_batch_size={max(per_step, actor.global_batch_size // per_step * per_step)}",
-    )
-
-    require(model.precision in PRECISIONS, "actor.model.precision",
-            f"unknown precision '{model.precision}'", f"use one of {list(PRECISIONS)}")
-    require(0.0 < model.ema_rate, "actor.model.ema_rate", f"must be > 0, got {model.ema_rate}")
-    require(not model.load_to_device, "actor.model.load_to_device",
-            "true (the whole model placed on one GPU before sharding) is not implemented: the transformer is always "
-            "built on the meta device, sharded with FSDP2 and then filled shard by shard",
-            "set actor.model.load_to_device=false (the default; no GPU ever holds the whole model)")
-    # Measured on an H200 (docs/benchmarks.md): compiled blocks under diffusers' activation checkpointing
-    # with FSDP2 fail in the first backward (torch.utils.checkpoint.CheckpointError: recomputed tensors
-    # differ from the saved ones); each option alone works.
-    require(not (model.compile_blocks and model.activation_checkpointing), "actor.model.compile_blocks",
-            "compile_blocks=true together with activation_checkpointing=true fails in the first backward on "
-            "GPU (CheckpointError: recomputed tensors differ from the forward's)",
-            "set actor.model.activation_checkpointing=false (then compiled blocks are 1.64x faster on an H200, "
-            "at more activation memory) or keep compile_blocks=false")
-    require(actor.max_tokens_per_pack is None or actor.max_tokens_per_pack >= 1, "actor.max_tokens_per_pack",
-            f"must be >= 1 or null, got {actor.max_tokens_per_pack}",
-            "use e.g. 74000 (the recipe), or null for one transformer call per sample")
-    require(model.attention_backend in ATTENTION_BACKENDS, "actor.model.attention_backend",
-            f"unknown backend '{model.attention_backend}'", f"use one of {list(ATTENTION_BACKENDS)}")
-    require(model.caption_style in CAPTION_STYLES, "actor.model.caption_style",
-            f"unknown caption style '{model.caption_style}'", f"use one of {list(CAPTION_STYLES)}")
-    for name in ("sigma_distribution", "action_sigma_distribution"):
-        value = getattr(model, name)
-        require(value in SIGMA_DISTRIBUTIONS or (value is None and name == "action_sigma_distribution"),
-                f"actor.model.{name}", f"unknown distribution '{value}'",
-                f"use one of {list(SIGMA_DISTRIBUTIONS)}" + (" or null (share the vision sigma)"
-                                                             if name == "action_sigma_distribution" else ""))
-    require(model.shift is None or model.shift > 0, "actor.model.shift", f"must be > 0 or null, got {model.shift}",
-            "use null (the recipe's shift for the canvas tier: 3.0 for 192x320) or a positive number")
-    require(0.0 <= model.caption_dropout < 1.0, "actor.model.caption_dropout",
-            f"must be in [0, 1), got {model.caption_dropout}", "use 0.0 (the default) or 0.1 (NVIDIA's recipe)")
-    require(all(v > 0 for v in model.lr_multipliers.values()), "actor.model.lr_multipliers",
-            f"multipliers must be > 0, got {model.lr_multipliers}")
-    require(optim.lr > 0, "actor.optim.lr", f"must be > 0, got {optim.lr}")
-    require(len(optim.betas) == 2 and all(0 <= b < 1 for b in optim.betas), "actor.optim.betas",
-            f"must be two numbers in [0, 1), got {optim.betas}")
-    require(optim.clip_grad > 0, "actor.optim.clip_grad", f"must be > 0, got {optim.clip_grad}")
-    require(0 <= optim.lr_warmup_steps < optim.total_training_steps, "actor.optim.lr_warmup_steps",
-            f"must be in [0, total_training_steps={optim.total_training_steps}), got {optim.lr_warmup_steps}")
-    require(0.0 <= optim.min_lr_rate <= 1.0, "actor.optim.min_lr_rate", f"must be in [0, 1], got {optim.min_lr_rate}")
-
-    require(runner.max_steps >= 1, "runner.max_steps", f"must be >= 1, got {runner.max_steps}")
-    require(runner.save_interval >= 1, "runner.save_interval", f"must be >= 1, got {runner.save_interval}")
-    require(runner.log_interval >= 1, "runner.log_interval", f"must be >= 1, got {runner.log_interval}")
-    require(runner.max_wall_time_s is None or runner.max_wall_time_s > 0, "runner.max_wall_time_s",
-            f"must be > 0 or null, got {runner.max_wall_time_s}",
-            "give the run's time limit in seconds (it stops with a checkpoint), or null for none")
-    keep = runner.max_checkpoints_to_keep
-    require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep",
-            f"must be >= 1 or null (keep all), got {keep}",
-            "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")
 
 
 def check_dataset_values(cfg: SFTConfig) -> None:

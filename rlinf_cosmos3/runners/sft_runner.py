@@ -23,26 +23,20 @@ from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
 from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
 from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
 from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
-from rlinf_cosmos3.config import ConfigError
-from rlinf_cosmos3.config.sft import SFT_SETTING_KEYS, SFTConfig, sft_model_settings
-from rlinf_cosmos3.models.cosmos3.identity import (
-    IDENTITY_FILE,
-    IdentityError,
-    ModelIdentity,
-    compare_identities,
-    read_identity,
-)
+from rlinf_cosmos3.config import ConfigError, load_structured
+from rlinf_cosmos3.config.sft import SFTConfig
+from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
     checkpoint_root,
     plan_checkpoints,
-    preflight,
     require_space_for_save,
     save_steps,
 )
+from rlinf_cosmos3.runners.checkpoint_space import preflight as disk_preflight
 from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
 from rlinf_cosmos3.tracking import ScalarWriter, start_run
-from rlinf_cosmos3.validation.sft import check_micro_batch_fits, load_sft_config
+from rlinf_cosmos3.validation.sft import preflight, training_identity
 
 logger = logging.getLogger("rlinf_cosmos3.sft")
 
@@ -56,22 +50,12 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
     """Run SFT from a Hydra config; returns a process exit code (0 ok, 2 bad config or too little disk)."""
     resolved, run_dir = start_run(raw_cfg, config_name, RUN_LOG_NAME)
     try:
-        # Checked as written first (absolute_paths would make a missing '???' a path, and crash on a wrong type),
-        # then again as the ranks get it, with absolute paths.
-        cfg = load_sft_config(resolved)
+        # Typed as written first: absolute_paths would make a missing '???' a path, and crash on a wrong type.
+        load_structured(SFTConfig, resolved)
         resolved = absolute_paths(resolved)
-        cfg = load_sft_config(resolved)
-        check_micro_batch_fits(cfg)  # counts the samples (meta/episodes): a micro-batch too large fails here
-        check_resume_identity(cfg)
-        check_resolution_tier(cfg)
-        if cfg.data.latent_cache_dir:  # a cache made from other inputs fails here, before any rank starts
-            from rlinf_cosmos3.data.latent_cache import check_cache
-            from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
-
-            reuse = check_cache(cfg.data.latent_cache_dir, sft_latent_cache_key(cfg, on_gpu=cfg.cluster.use_gpus))
-            logger.info("latent cache %s: %s", cfg.data.latent_cache_dir,
-                        "reused" if reuse else "none yet: the ranks build it before the first step")
-        plan = preflight(cfg)  # before Ray, ranks or GPUs: a full disk refuses the run here
+        cfg = load_structured(SFTConfig, resolved)  # as the ranks get it
+        preflight(cfg)  # every config check, once
+        plan = disk_preflight(cfg)  # before Ray, ranks or GPUs: a full disk refuses the run here
         evaluator = OnlineEvaluator(cfg, run_dir.root, training_identity(cfg))
         evaluator.check()  # runner.eval_interval: the eval config must accept this run's checkpoints
     except ConfigError as err:
@@ -104,56 +88,6 @@ def absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
         if node.get(keys[-1]):
             node[keys[-1]] = str(Path(node[keys[-1]]).expanduser().resolve())
     return out
-
-
-def training_identity(cfg: SFTConfig) -> ModelIdentity:
-    """What this run trains, written into every checkpoint: its model settings (validated against the
-    data; the framing is the recipe's, which the policy composes its canvas for) and the stats file's hash."""
-    return ModelIdentity.of(sft_model_settings(cfg), Path(cfg.data.dataset.stats_path).resolve())
-
-
-RESUME_IDENTITY_FIELDS = {**SFT_SETTING_KEYS, "view_point": "actor.model.view_point",
-                          "stats_sha256": "data.dataset.stats_path"}
-"""Identity field -> the SFT config field that sets it (``view_point`` is fixed by the policy, not configurable)."""
-
-
-def check_resume_identity(cfg: SFTConfig) -> None:
-    """A resumed run must train what the checkpoint was trained with: same model settings and stats file.
-
-    Resuming "exactly" with another stats file or fps would continue the optimizer state on other
-    targets, and the checkpoints written next would claim an identity the first steps did not have.
-    A checkpoint saved before identities were recorded has none: nothing to compare.
-    """
-    if not cfg.runner.resume_dir:
-        return
-    try:
-        trained = read_identity(cfg.runner.resume_dir)
-    except IdentityError as err:
-        raise ConfigError("runner.resume_dir", f"unreadable training identity: {err}",
-                          "resume from a checkpoint this project wrote, or start a new run") from err
-    if trained is None:
-        return
-    mismatches = compare_identities(trained, training_identity(cfg), RESUME_IDENTITY_FIELDS)
-    if mismatches:
-        described = "; ".join(
-            f"{m.config_field}: the checkpoint was trained with {m.field}={m.model_value!r}, this run has "
-            f"{m.configured_value!r}" for m in mismatches)
-        raise ConfigError("runner.resume_dir",
-                          f"'{cfg.runner.resume_dir}' was trained with other settings ({IDENTITY_FILE}): {described}",
-                          "resume with the settings (and stats file) of the run that wrote it, or start a new run "
-                          "without runner.resume_dir")
-
-
-def check_resolution_tier(cfg: SFTConfig) -> None:
-    """``actor.model.resolution_tier`` must size the canvas as is (diffusers' bins; needs diffusers, so here
-    and not in the light config check)."""
-    from rlinf_cosmos3.models.cosmos3.configuration import resolution_tier_problem
-
-    model = cfg.actor.model
-    problem = resolution_tier_problem(model.resolution_tier, model.canvas_height, model.canvas_width)
-    if problem:
-        raise ConfigError("actor.model.resolution_tier", problem,
-                          "use 256 for the 192x320 LIBERO canvas, or change canvas_height/canvas_width with it")
 
 
 class SFTRunner:

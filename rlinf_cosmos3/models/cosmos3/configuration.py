@@ -1,29 +1,24 @@
 """What a Cosmos3 policy is (must match serving) and how it is trained (NVIDIA's LIBERO recipe).
 
-Sources of the recipe values (cosmos-framework): ``nano_model_config.py`` (sigma distribution,
-shift per canvas tier, action loss weight), ``action_policy_libero_all_nano.py`` (loss scale,
-caption dropout), ``rectified_flow.py`` (``TrainTimeSampler``: how a training sigma is drawn).
+The policy's config is its model settings (:class:`~rlinf_cosmos3.config.model_settings.ModelSettings`) and
+its objective (:class:`~rlinf_cosmos3.config.objective.ObjectiveConfig`, which the SFT section ``actor.model``
+inherits), each declared once in ``config/``; this module adds how a sigma is drawn and shifted
+(cosmos-framework's ``rectified_flow.py`` ``TrainTimeSampler``, ``nano_model_config.py``'s shift per tier).
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlinf_cosmos3.config.model_settings import CAPTION_STYLES, RECIPE, ModelSettings, setting_values
-from rlinf_cosmos3.config.sft import (
-    ATTENTION_BACKENDS,
-    DEFAULT_MAX_TOKENS_PER_PACK,
-    SIGMA_DISTRIBUTIONS,
-    SFTConfig,
-    sft_model_settings,
-)
+from rlinf_cosmos3.config.objective import SIGMA_DISTRIBUTIONS, ObjectiveConfig
+from rlinf_cosmos3.config.sft import DEFAULT_MAX_TOKENS_PER_PACK, SFTConfig, sft_model_settings
 from rlinf_cosmos3.models.cosmos3.captions import CONCAT_VIEW
 from rlinf_cosmos3.models.cosmos3.domains import get_action_domain
-from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
 
 NUM_TRAIN_TIMESTEPS = 1000
 """Timestep = sigma x 1000 (``omni_mot_model.py`` L1808; the transformer's ``timestep_scale`` 0.001
@@ -105,76 +100,63 @@ def generator_device(generator: torch.Generator | None) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
+def settings_problem(settings: ModelSettings, resolution_tier: int) -> tuple[str, str] | None:
+    """``(setting, why)`` when a policy cannot be built with ``settings`` at ``resolution_tier``, else None.
+
+    One check for the policy built by hand and for an SFT run before Ray (``validation.sft.preflight``, which
+    names the config key of ``setting``): a caption style that is unknown or does not describe the canvas
+    framing, an unknown action domain, a frame count that is not one per action plus the conditioning frame,
+    a resolution tier that would resize the canvas.
+    """
+    if settings.caption_style not in CAPTION_STYLES:
+        return "caption_style", f"unknown caption style '{settings.caption_style}'; use one of {list(CAPTION_STYLES)}"
+    if settings.caption_style == "cosmos_framework" and settings.view_point != CONCAT_VIEW:
+        return "caption_style", f"caption_style 'cosmos_framework' describes a {CONCAT_VIEW} canvas, not view_point " \
+                                f"{settings.view_point!r}"
+    try:
+        get_action_domain(settings.domain_name)
+    except KeyError as err:
+        return "domain_name", str(err.args[0])
+    if settings.num_frames != settings.action_horizon + 1:
+        return "num_frames", (f"num_frames must be action_horizon + 1 = {settings.action_horizon + 1} (the "
+                              f"conditioning frame and one per action), got {settings.num_frames}")
+    problem = resolution_tier_problem(resolution_tier, settings.canvas_height, settings.canvas_width)
+    return ("resolution_tier", problem) if problem else None
+
+
 @dataclass(frozen=True)
 class PolicyConfig(ModelSettings):
     """What the policy is (its :class:`ModelSettings`, which serving must match) and how it is trained
-    (NVIDIA's LIBERO recipe). Of the settings the policy itself uses the canvas, framing, horizon,
-    frames, fps, domain and caption style; normalisation and gripper convention act on the actions
-    outside it (data reader, rollout adapter)."""
+    (``objective``, NVIDIA's LIBERO recipe by default). Of the settings the policy itself uses the canvas,
+    framing, horizon, frames, fps, domain and caption style; normalisation and gripper convention act on the
+    actions outside it (data reader, rollout adapter)."""
 
     fps: float = float(RECIPE.fps)
     """As a float: what diffusers' pipeline and the caption take."""
-    resolution_tier: int = 256
-    """diffusers ``CosmosActionCondition.resolution_tier``; must bin to the canvas size."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """How the policy is trained (sigma draws, shift, loss weights, caption dropout, padded frames, resolution
+    tier, packed attention backend): the SFT run's ``actor.model`` objective fields."""
     main_image_key: str = "image"
     wrist_image_key: str = "wrist_image"
-    sigma_distribution: str = "waver"
-    """``nano_model_config.py`` L97 ``train_time_video_distribution``: how the (vision) sigma is drawn."""
-    action_sigma_distribution: str | None = None
-    """None: actions share the vision sigma (the recipe: ``independent_action_schedule=False``, so its
-    ``train_time_action_distribution="logitnormal"`` is never used); a distribution: the action tokens
-    get a sigma of their own, drawn with it (same shift) right after the vision sigma."""
-    shift: float | None = None
-    """None: by canvas tier (3.0 for the 192x320 canvas)."""
-    loss_scale: float = 10.0
-    """``action_policy_libero_all_nano.py`` L38 (vision); actions get ``loss_scale * action_loss_weight``."""
-    action_loss_weight: float = 1.0
-    """Relative to vision: 10 x 1.0 = NVIDIA's absolute ``action_loss_weight`` 10 (``nano_model_config.py`` L88)."""
-    caption_dropout: float = 0.0
-    """Chance to train on the unconditional prompt (NVIDIA: 0.1, for CFG; serving uses no CFG)."""
-    mask_padded_frames: bool = True
-    """Leave out of the vision loss the latent frames made only of padding frames."""
     precision: str | None = None
     """Dtype the noisy tokens enter the transformer in (``bf16`` under FSDP2 bf16 mixed precision);
-    None: the transformer's parameter dtype."""
+    None: the transformer's parameter dtype. An SFT rank passes its compute precision (``actor.model.precision``
+    on GPU, fp32 on CPU)."""
     max_tokens_per_pack: int | None = DEFAULT_MAX_TOKENS_PER_PACK
     """Samples of a micro-batch share one transformer call up to this many tokens (document-masked
     attention, :mod:`~rlinf_cosmos3.models.cosmos3.packed_attention`); None: one call per sample (the
-    reference path, bit-identical whatever the batch split)."""
-    attention_backend: str = "auto"
-    """Packed attention: ``flex`` (FlexAttention, GPU), ``loop`` (one SDPA call per sample) or ``auto``."""
+    reference path, bit-identical whatever the batch split). An SFT run's ``actor.max_tokens_per_pack``."""
     vae_batch_size: int = 8
     """Clips the frozen VAE encodes per call (memory bound of the batched encode)."""
 
     def __post_init__(self) -> None:
-        for name in ("sigma_distribution", "action_sigma_distribution"):
-            value = getattr(self, name)
-            if value not in SIGMA_DISTRIBUTIONS and not (name == "action_sigma_distribution" and value is None):
-                raise ValueError(f"{name} {value!r} not in {SIGMA_DISTRIBUTIONS}")
-        if self.shift is not None and self.shift <= 0:
-            raise ValueError(f"shift must be > 0 or None, got {self.shift}")
-        problem = resolution_tier_problem(self.resolution_tier, self.canvas_height, self.canvas_width)
-        if problem:
-            raise ValueError(problem)
-        if self.caption_style not in CAPTION_STYLES:
-            raise ValueError(f"caption_style {self.caption_style!r} not in {CAPTION_STYLES}")
-        if self.caption_style == "cosmos_framework" and self.view_point != CONCAT_VIEW:
-            raise ValueError(f"caption_style 'cosmos_framework' describes a {CONCAT_VIEW} canvas, "
-                             f"not view_point {self.view_point!r}")
-        if not 0.0 <= self.caption_dropout < 1.0:
-            raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
-        if self.precision is not None:
-            precision_dtype(self.precision)
-        if self.max_tokens_per_pack is not None and self.max_tokens_per_pack < 1:
-            raise ValueError(f"max_tokens_per_pack must be >= 1 or None, got {self.max_tokens_per_pack}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend {self.attention_backend!r} not in {ATTENTION_BACKENDS}")
-        if self.vae_batch_size < 1:
-            raise ValueError(f"vae_batch_size must be >= 1, got {self.vae_batch_size}")
-        get_action_domain(self.domain_name)
-        if self.num_frames != self.action_horizon + 1:
-            raise ValueError(f"num_frames must be action_horizon + 1 = {self.action_horizon + 1} (the conditioning "
-                             f"frame and one per action), got {self.num_frames}")
+        # Built by hand too (tests, RL, library use), not only from a validated run config: the same checks,
+        # each declared once (the objective's in config/, the settings' above); precision, packing and the VAE
+        # batch are checked where they are used.
+        self.objective.validate("objective")
+        problem = settings_problem(self, self.objective.resolution_tier)
+        if problem is not None:
+            raise ValueError(problem[1])
 
     @classmethod
     def from_settings(cls, settings: ModelSettings, **training: Any) -> PolicyConfig:
@@ -183,26 +165,19 @@ class PolicyConfig(ModelSettings):
 
     @property
     def training_shift(self) -> float:
-        return self.shift if self.shift is not None else SHIFT_BY_TIER[canvas_tier(self.canvas_height, self.canvas_width)]
+        shift = self.objective.shift
+        return shift if shift is not None else SHIFT_BY_TIER[canvas_tier(self.canvas_height, self.canvas_width)]
 
 
 def policy_config_from_sft(cfg: SFTConfig, *, precision: str) -> PolicyConfig:
     """The :class:`PolicyConfig` an SFT run trains with: its model settings (:func:`~rlinf_cosmos3.config.sft.
-    sft_model_settings`) and ``actor.model``'s recipe (``precision``: the rank's compute precision)."""
-    model = cfg.actor.model
+    sft_model_settings`), ``actor.model``'s objective and packing (``precision``: the rank's compute precision).
+    Trusts ``cfg``: the driver validated it before Ray (:func:`rlinf_cosmos3.validation.sft.preflight`)."""
     return PolicyConfig.from_settings(
         sft_model_settings(cfg),
-        resolution_tier=model.resolution_tier,
-        sigma_distribution=model.sigma_distribution,
-        action_sigma_distribution=model.action_sigma_distribution,
-        shift=model.shift,
-        caption_dropout=model.caption_dropout,
-        mask_padded_frames=model.mask_padded_frames,
-        loss_scale=model.loss_scale,
-        action_loss_weight=model.action_loss_weight,
+        objective=ObjectiveConfig.of(cfg.actor.model),
         precision=precision if precision != "fp32" else None,
         max_tokens_per_pack=cfg.actor.max_tokens_per_pack,
-        attention_backend=model.attention_backend,
     )
 
 

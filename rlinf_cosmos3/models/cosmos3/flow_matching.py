@@ -59,7 +59,7 @@ class NoiseDraw:
 
     sigma: float
     sigma_action: float
-    """= ``sigma`` unless ``PolicyConfig.action_sigma_distribution`` draws the actions' own."""
+    """= ``sigma`` unless ``PolicyConfig.objective.action_sigma_distribution`` draws the actions' own."""
     eps_vision: torch.Tensor
     """``[1, C, T, h, w]`` like the sample's ``x0_vision``."""
     eps_action: torch.Tensor
@@ -78,13 +78,13 @@ class NoiseDraw:
 
 def draw_noise(cfg: PolicyConfig, sample: EncodedSample, generator: torch.Generator | None) -> NoiseDraw:
     """Draw sigma, noise and caption dropout for one sample (the order is fixed, for reproducibility)."""
-    sigma = sample_sigma(cfg.sigma_distribution, cfg.training_shift, generator)
-    sigma_action = (sigma if cfg.action_sigma_distribution is None
-                    else sample_sigma(cfg.action_sigma_distribution, cfg.training_shift, generator))
+    sigma = sample_sigma(cfg.objective.sigma_distribution, cfg.training_shift, generator)
+    sigma_action = (sigma if cfg.objective.action_sigma_distribution is None
+                    else sample_sigma(cfg.objective.action_sigma_distribution, cfg.training_shift, generator))
     device = generator_device(generator)
     eps_v = torch.randn(sample.x0_vision.shape, generator=generator, device=device)
     eps_a = torch.randn(sample.x0_action.shape, generator=generator, device=device)
-    dropped = cfg.caption_dropout > 0 and float(torch.rand((), generator=generator, device=device)) < cfg.caption_dropout
+    dropped = cfg.objective.caption_dropout > 0 and float(torch.rand((), generator=generator, device=device)) < cfg.objective.caption_dropout
     return NoiseDraw(sigma=float(sigma), sigma_action=float(sigma_action), eps_vision=eps_v, eps_action=eps_a,
                      dropped=dropped)
 
@@ -140,18 +140,18 @@ def keyed_draws(cfg: PolicyConfig, samples: Sequence[EncodedSample], keys: Noise
                           [p.eps_action[0] for p in parts], [p.dropped[0] for p in parts])  # type: ignore[index]
     (vision_shape,), (action_shape,) = vision_shapes, action_shapes
     n_vision, n_action = math.prod(vision_shape), math.prod(action_shape)
-    own_action_sigma = cfg.action_sigma_distribution is not None
+    own_action_sigma = cfg.objective.action_sigma_distribution is not None
     streams = [(STREAM_SIGMA, 2), (STREAM_VISION, n_vision + n_vision % 2), (STREAM_ACTION, n_action + n_action % 2)]
     if own_action_sigma:
         streams.append((STREAM_ACTION_SIGMA, 2))
     words = keyed_words(keys, streams, device)
-    sigma = _keyed_sigma(cfg.sigma_distribution, cfg.training_shift, words[0])
-    sigma_action = _keyed_sigma(cfg.action_sigma_distribution, cfg.training_shift, words[3]) if own_action_sigma \
+    sigma = _keyed_sigma(cfg.objective.sigma_distribution, cfg.training_shift, words[0])
+    sigma_action = _keyed_sigma(cfg.objective.action_sigma_distribution, cfg.training_shift, words[3]) if own_action_sigma \
         else sigma
     n = len(samples)
     eps_v = normal_from_words(words[1])[:, :n_vision].reshape(n, *vision_shape)
     eps_a = normal_from_words(words[2])[:, :n_action].reshape(n, *action_shape)
-    return KeyedDraws(sigma, sigma_action, eps_v, eps_a, keyed_dropout(keys, cfg.caption_dropout))
+    return KeyedDraws(sigma, sigma_action, eps_v, eps_a, keyed_dropout(keys, cfg.objective.caption_dropout))
 
 
 def _keyed_sigma(distribution: str, shift: float, words: torch.Tensor) -> torch.Tensor:

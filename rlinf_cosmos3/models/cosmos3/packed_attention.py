@@ -26,7 +26,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 from torch import nn
 
-from rlinf_cosmos3.config.sft import ATTENTION_BACKENDS
+from rlinf_cosmos3.config.objective import ATTENTION_BACKENDS
 from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout
 
 _compiled_flex: Any = None

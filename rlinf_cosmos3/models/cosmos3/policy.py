@@ -135,7 +135,7 @@ class Cosmos3Policy(nn.Module):
         )
         self.pipeline.set_progress_bar_config(disable=True)
         self.processor = PolicyProcessor(self.pipeline, self.cfg, self.domain.raw_action_dim)
-        self.attention = install_packed_attention(transformer, self.cfg.attention_backend)
+        self.attention = install_packed_attention(transformer, self.cfg.objective.attention_backend)
         self._segments: dict[tuple, dict[str, Any]] = {}
         self._segment_ids = itertools.count()
         self._packs: OrderedDict[tuple, tuple[dict[str, Any], DocumentLayout, PackIndex]] = OrderedDict()
@@ -314,7 +314,7 @@ class Cosmos3Policy(nn.Module):
             action_parts.append(action)
         vision = torch.cat(vision_parts).mean() if len(vision_parts) > 1 else vision_parts[0].mean()
         action = torch.cat(action_parts).mean() if len(action_parts) > 1 else action_parts[0].mean()
-        loss = self.cfg.loss_scale * (vision + self.cfg.action_loss_weight * action)
+        loss = self.cfg.objective.loss_scale * (vision + self.cfg.objective.action_loss_weight * action)
         metrics = {"loss": loss.detach(), "vision_loss": vision.detach(), "action_loss": action.detach()}
         return loss, metrics
 
@@ -442,7 +442,7 @@ class Cosmos3Policy(nn.Module):
         return predict_actions(self.pipeline, canvas, prompt, seed=seed, domain_name=cfg.domain_name,
                                action_horizon=cfg.action_horizon, view_point=cfg.view_point,
                                num_frames=cfg.num_frames, fps=cfg.fps, num_inference_steps=num_inference_steps,
-                               resolution_tier=cfg.resolution_tier, caption_style=cfg.caption_style)
+                               resolution_tier=cfg.objective.resolution_tier, caption_style=cfg.caption_style)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

@@ -215,12 +215,12 @@ class PolicyProcessor:
         for start in range(0, canvases.shape[0], cfg.vae_batch_size):
             chunk = canvases[start : start + cfg.vae_batch_size].to(self.device)
             video, image_size, height, width = pipe._prepare_action_video_conditioning(
-                chunk.to(torch.float32) / 255.0, cfg.resolution_tier, num_frames,
+                chunk.to(torch.float32) / 255.0, cfg.objective.resolution_tier, num_frames,
                 device=self.device, dtype=torch.float32,
             )
             if (height, width) != (cfg.canvas_height, cfg.canvas_width):
                 raise ValueError(
-                    f"resolution_tier {cfg.resolution_tier} bins the canvas to {height}x{width}, "
+                    f"resolution_tier {cfg.objective.resolution_tier} bins the canvas to {height}x{width}, "
                     f"not {cfg.canvas_height}x{cfg.canvas_width}"
                 )
             x0 = pipe._encode_video(video).contiguous()
@@ -295,7 +295,7 @@ class PolicyProcessor:
         else:
             x0, frame_valid = self.encode_pixels(batch)
             x0, frame_valid = x0.float(), frame_valid.to(device)
-        if not cfg.mask_padded_frames:
+        if not cfg.objective.mask_padded_frames:
             frame_valid = torch.ones_like(frame_valid)
         # The batch's actions are prepared where the reader left them (the CPU) and moved once, without waiting
         # for the device (a pageable source is staged by the copy call itself).
