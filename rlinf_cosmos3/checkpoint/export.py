@@ -19,6 +19,9 @@ import os
 import pickle
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,19 +50,25 @@ class ConversionError(ValueError):
     """An input the converter cannot use: says which one, why, and what to pass instead."""
 
 
-def export_diffusers(
-    full_weights: str | Path,
-    base_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    use_ema: bool = False,
-    dtype: str = "as-trained",
-    overwrite: bool = False,
-) -> Path:
-    """Write ``out_dir`` (complete or absent: built under a temporary name, renamed last)."""
+@dataclass
+class _ExportPlan:
+    """Everything checked and built before a byte is written: what goes where, and the room it needs."""
+
+    source: Path
+    base_dir: Path
+    out_dir: Path
+    transformer: torch.nn.Module
+    identity: ModelIdentity | None
+    needed: int
+    tensors: int
+
+
+def _plan_export(full_weights: str | Path, base_dir: Path, out_dir: Path, use_ema: bool, dtype: str,
+                 overwrite: bool) -> _ExportPlan:
+    """The inputs checked (base, dtype, output, source), the trained transformer built on the base's config
+    (another model's weights refused), and the room on ``out_dir``'s filesystem checked."""
     from diffusers import Cosmos3OmniTransformer
 
-    base_dir, out_dir = Path(base_dir), Path(out_dir)
     if not (base_dir / MODEL_INDEX).is_file():
         raise FileNotFoundError(f"base '{base_dir}' is not a diffusers model directory (no {MODEL_INDEX}); {BASE_FIX}")
     missing_parts = missing_components(base_dir)  # the output is a copy of the base: it would lack them too
@@ -70,9 +79,9 @@ def export_diffusers(
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"'{out_dir}' exists; pass overwrite=True (--overwrite) to replace it")
-    full_weights = check_source(full_weights, use_ema)
-    weights_file = resolve_weights_file(full_weights, use_ema)
-    identity = checkpoint_identity(full_weights)
+    source = check_source(full_weights, use_ema)
+    weights_file = resolve_weights_file(source, use_ema)
+    identity = checkpoint_identity(source)
     state = _load_state(weights_file, use_ema)
     target = DTYPES[dtype]
     if target is not None:
@@ -81,7 +90,7 @@ def export_diffusers(
     config = Cosmos3OmniTransformer.load_config(base_dir / TRANSFORMER_DIR)
     with torch.device("meta"):
         transformer = Cosmos3OmniTransformer.from_config(config)
-    other_model = f"the checkpoint '{full_weights}' is of another model than the base '{base_dir}'"
+    other_model = f"the checkpoint '{source}' is of another model than the base '{base_dir}'"
     try:
         missing, unexpected = transformer.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as err:  # same names, other shapes: another width or head size
@@ -98,38 +107,70 @@ def export_diffusers(
         disk.require_free_space(out_dir.parent, needed, what=f"the converted model '{out_dir.name}'", fix=OUT_FIX)
     except InsufficientSpaceError as err:
         raise ConversionError(f"--out: {err}") from err
+    return _ExportPlan(source, base_dir, out_dir, transformer, identity, needed, len(state))
 
+
+@contextmanager
+def _temp_output(plan: _ExportPlan) -> Iterator[Path]:
+    """A temporary directory beside the output, removed whatever happens (after the rename it no longer
+    exists): so ``out_dir`` is complete or untouched. A disk that filled up meanwhile (another writer) is an
+    input error, :class:`ConversionError`; any other failure propagates as it is."""
+    out_dir = plan.out_dir
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(TRANSFORMER_DIR, IDENTITY_FILE))
-        transformer.save_pretrained(tmp / TRANSFORMER_DIR, safe_serialization=True, max_shard_size="5GB")
-        if identity is not None:
-            write_identity(tmp, identity)
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out_dir, old)
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out_dir)
-    except Exception as err:  # a disk that filled up meanwhile (another writer) is an input error; the rest is not
+        yield tmp
+    except Exception as err:
         if not disk.is_proven_full(err):
             raise
         raise ConversionError(
             f"--out: the filesystem of '{out_dir.parent}' filled up while writing the converted model "
-            f"({disk.full_disk_cause(err)}; about {disk.format_bytes(needed)} needed); the partial copy is removed "
-            f"and '{out_dir}' is {'unchanged' if out_dir.exists() else 'not created'}. Fix: {OUT_FIX}") from err
+            f"({disk.full_disk_cause(err)}; about {disk.format_bytes(plan.needed)} needed); the partial copy is "
+            f"removed and '{out_dir}' is {'unchanged' if out_dir.exists() else 'not created'}. Fix: {OUT_FIX}"
+        ) from err
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    logger.info(
-        "exported %s (%s weights, %d tensors) -> %s",
-        full_weights,
-        "EMA" if use_ema else "regular",
-        len(state),
-        out_dir,
-    )
-    return out_dir
+
+
+def _write_output(plan: _ExportPlan, tmp: Path) -> None:
+    """The base's files but its transformer and identity, the trained transformer, the checkpoint's identity."""
+    shutil.copytree(plan.base_dir, tmp, ignore=shutil.ignore_patterns(TRANSFORMER_DIR, IDENTITY_FILE))
+    plan.transformer.save_pretrained(tmp / TRANSFORMER_DIR, safe_serialization=True, max_shard_size="5GB")
+    if plan.identity is not None:
+        write_identity(tmp, plan.identity)
+
+
+def _publish_output(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished directory into place; an existing output is moved aside first and deleted after."""
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, out_dir)
+
+
+def export_diffusers(
+    full_weights: str | Path,
+    base_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    use_ema: bool = False,
+    dtype: str = "as-trained",
+    overwrite: bool = False,
+) -> Path:
+    """Write ``out_dir`` (complete or absent: built under a temporary name, renamed last).
+
+    Plan (every check, the transformer built, the room checked), write (into a temporary directory),
+    publish (the rename); :func:`_temp_output` removes the temporary directory whatever happens."""
+    plan = _plan_export(full_weights, Path(base_dir), Path(out_dir), use_ema, dtype, overwrite)
+    with _temp_output(plan) as tmp:
+        _write_output(plan, tmp)
+        _publish_output(tmp, plan.out_dir)
+    logger.info("exported %s (%s weights, %d tensors) -> %s", plan.source, "EMA" if use_ema else "regular",
+                plan.tensors, plan.out_dir)
+    return plan.out_dir
 
 
 def output_bytes(base_dir: Path, state: dict[str, torch.Tensor]) -> int:

@@ -21,7 +21,9 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +190,106 @@ def _check_extra_files(extra_files: Mapping[str, str] | None) -> None:
                              f"{COMPLETE_MARKER!r} and {ACTOR_DIR!r}")
 
 
+@dataclass(frozen=True)
+class _SavePlan:
+    """What every rank agreed on before writing: where the step goes, its temp dir, what it needs."""
+
+    final: Path
+    tmp: Path
+    needed: CheckpointSize
+    free_at_start: int
+
+
+def _plan_save(ckpt_dir: Path, final: Path, overwrite: bool, needed: CheckpointSize) -> _SavePlan:
+    """Collective: rank 0 prepares the temp dir (:func:`_prepare`) and probes the free space; every rank gets
+    the same plan, or the same :class:`CheckpointError`."""
+    plan: dict[str, Any] = {}
+    if _dist.rank() == 0:
+        try:
+            plan = {"tmp": str(_prepare(ckpt_dir, final, overwrite)), "free": disk.free_bytes(ckpt_dir)}
+        except Exception as err:
+            logger.exception("cannot start checkpoint %s", final)
+            plan = {"error": _describe(err)}
+    plan = _dist.broadcast_from_rank0(plan)
+    if "error" in plan:
+        raise CheckpointError(f"cannot save {final}: {plan['error']}")
+    return _SavePlan(final, Path(plan["tmp"]), needed, int(plan["free"]))
+
+
+@contextmanager
+def _removed_unless_published(plan: _SavePlan) -> Iterator[None]:
+    """The atomicity guarantee: whatever fails inside (on any rank, or an interrupt), the temp dir is removed
+    and nothing is renamed into place; a failure caused by a full disk is re-raised as
+    :class:`InsufficientSpaceError`."""
+    try:
+        yield
+    except BaseException as err:
+        full_disk = None
+        try:  # diagnose before removing: the probe counts what the temp dir holds
+            if isinstance(err, Exception):  # not for KeyboardInterrupt / SystemExit
+                full_disk = _full_disk_error(err, plan.final.parent, plan.final, plan.tmp, plan.needed,
+                                             plan.free_at_start)
+        finally:
+            if _dist.rank() == 0 and plan.tmp.exists():
+                logger.warning("removing incomplete checkpoint %s", plan.tmp)
+                shutil.rmtree(plan.tmp, ignore_errors=True)
+        if full_disk is not None:
+            raise full_disk from err
+        raise
+
+
+def _write_all(
+    plan: _SavePlan,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    trainer_state: TrainerState,
+    scheduler: LRScheduler | None,
+    ema: PowerEMA | None,
+    save_full_weights: bool,
+    extra_files: Mapping[str, str] | None,
+) -> None:
+    """Collective: the sharded resume state (DCP), then each rank's own files (:func:`_write_local`) into the
+    temp dir; raises the same :class:`CheckpointError` on every rank if any rank failed."""
+    # torch.distributed.checkpoint agrees on failures itself (it gathers every rank's exception and raises on
+    # all of them).
+    if optimizer is not None:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        resume_state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    else:
+        resume_state = {"model": get_model_state_dict(model)}
+    if ema is not None:
+        resume_state["ema"] = ema.state_dict()
+    try:
+        with _dist.single_process_quiet():
+            dcp.save(resume_state, checkpoint_id=actor_dir(plan.tmp) / DCP_DIR, no_dist=not _dist.initialized())
+    except CheckpointException as err:
+        raise CheckpointError(f"sharded save of {plan.final.name} failed: {err}") from err
+    del resume_state
+
+    full_state = ema_full_state = None
+    if save_full_weights:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full_state = get_model_state_dict(model, options=options)
+        if ema is not None:
+            ema_full_state = ema.full_state_dict(full_state)
+        if _dist.rank() != 0:
+            full_state = ema_full_state = None
+
+    write = functools.partial(_write_local, plan.tmp, trainer_state, scheduler, full_state, ema_full_state,
+                              extra_files)
+    full_state = ema_full_state = None
+    error = _capture(write, "write")
+    del write  # frees rank 0's consolidated copies before the collective below
+    _raise_if_any_failed(error, f"write of {plan.final.name}")
+
+
+def _publish_all(plan: _SavePlan, marker: dict[str, Any]) -> None:
+    """Collective: rank 0 writes the marker and renames the temp dir into place (:func:`_publish`); every
+    rank raises if that failed."""
+    error = _capture(lambda: _publish(plan.tmp, plan.final, marker), "publish") if _dist.rank() == 0 else None
+    _raise_if_any_failed(error, f"publish of {plan.final.name}")
+
+
 def save_checkpoint(
     ckpt_dir: str | Path,
     model: nn.Module,
@@ -211,11 +313,13 @@ def save_checkpoint(
     while writing them; pass ``save_full_weights=False`` to skip the export. ``extra_files``
     (file name -> text) are written by rank 0 at the step directory's root inside the atomic save,
     e.g. the model identity (``model_identity.json``) the converter carries to the served model.
+
+    Three steps: plan (temp dir, free space), write (into the temp dir), publish (marker, rename); a failure
+    in the last two removes the temp dir (:func:`_removed_unless_published`).
     """
     _check_extra_files(extra_files)
     started = time.monotonic()
     ckpt_dir = Path(ckpt_dir)
-    final = ckpt_dir / step_dir_name(trainer_state.global_step)
     use_ema = ema is not None and ema.enabled
     needed = estimate_checkpoint_size(
         model_footprint(model),
@@ -224,55 +328,11 @@ def save_checkpoint(
         optimizer=optimizer is not None,
         full_weights=save_full_weights,
     )
-
-    plan: dict[str, Any] = {}
-    if _dist.rank() == 0:
-        try:
-            plan = {"tmp": str(_prepare(ckpt_dir, final, overwrite)), "free": disk.free_bytes(ckpt_dir)}
-        except Exception as err:
-            logger.exception("cannot start checkpoint %s", final)
-            plan = {"error": _describe(err)}
-    plan = _dist.broadcast_from_rank0(plan)
-    if "error" in plan:
-        raise CheckpointError(f"cannot save {final}: {plan['error']}")
-    tmp = Path(plan["tmp"])
-
-    try:
-        # Collective part. torch.distributed.checkpoint agrees on failures itself (it gathers
-        # every rank's exception and raises on all of them).
-        if optimizer is not None:
-            model_state, optim_state = get_state_dict(model, optimizer)
-            resume_state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
-        else:
-            resume_state = {"model": get_model_state_dict(model)}
-        if use_ema:
-            resume_state["ema"] = ema.state_dict()
-        try:
-            with _dist.single_process_quiet():
-                dcp.save(
-                    resume_state, checkpoint_id=actor_dir(tmp) / DCP_DIR, no_dist=not _dist.initialized()
-                )
-        except CheckpointException as err:
-            raise CheckpointError(f"sharded save of {final.name} failed: {err}") from err
-        del resume_state
-
-        full_state = ema_full_state = None
-        if save_full_weights:
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            full_state = get_model_state_dict(model, options=options)
-            if use_ema:
-                ema_full_state = ema.full_state_dict(full_state)
-            if _dist.rank() != 0:
-                full_state = ema_full_state = None
-
-        write = functools.partial(_write_local, tmp, trainer_state, scheduler, full_state, ema_full_state,
-                                  extra_files)
-        full_state = ema_full_state = None
-        error = _capture(write, "write")
-        del write  # frees rank 0's consolidated copies before the collective below
-        _raise_if_any_failed(error, f"write of {final.name}")
-
-        marker = {
+    plan = _plan_save(ckpt_dir, ckpt_dir / step_dir_name(trainer_state.global_step), overwrite, needed)
+    with _removed_unless_published(plan):
+        _write_all(plan, model, optimizer, trainer_state, scheduler, ema if use_ema else None, save_full_weights,
+                   extra_files)
+        _publish_all(plan, {
             "format_version": FORMAT_VERSION,
             "global_step": trainer_state.global_step,
             "world_size": _dist.world_size(),
@@ -281,20 +341,6 @@ def save_checkpoint(
             "optimizer": optimizer is not None,
             "scheduler": scheduler is not None,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        error = _capture(lambda: _publish(tmp, final, marker), "publish") if _dist.rank() == 0 else None
-        _raise_if_any_failed(error, f"publish of {final.name}")
-    except BaseException as err:
-        full_disk = None
-        try:  # diagnose before removing: the probe counts what the temp dir holds
-            if isinstance(err, Exception):  # not for KeyboardInterrupt / SystemExit
-                full_disk = _full_disk_error(err, ckpt_dir, final, tmp, needed, int(plan["free"]))
-        finally:
-            if _dist.rank() == 0 and tmp.exists():
-                logger.warning("removing incomplete checkpoint %s", tmp)
-                shutil.rmtree(tmp, ignore_errors=True)
-        if full_disk is not None:
-            raise full_disk from err
-        raise
-    logger.info("saved checkpoint %s in %.1f s", final, time.monotonic() - started)
-    return final
+        })
+    logger.info("saved checkpoint %s in %.1f s", plan.final, time.monotonic() - started)
+    return plan.final
