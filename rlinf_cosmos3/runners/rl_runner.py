@@ -32,19 +32,16 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
-from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
-from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
-from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
+from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.rl import RLConfig, sft_view
-from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity
+from rlinf_cosmos3.models.cosmos3.identity import ModelIdentity
 from rlinf_cosmos3.rl.rounds import grpo_decisions, round_starts
+from rlinf_cosmos3.runners.checkpoint_save import save_checkpoint_step
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
     checkpoint_root,
     preflight,
-    require_space_for_save,
-    save_steps,
 )
 from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
 from rlinf_cosmos3.runners.rl_rollout import RoundCollector, RoundResult
@@ -251,26 +248,5 @@ class RLRunner:
 
     def _save(self, actors: WorkerGroup, iteration: int, counters: dict[str, float]) -> Path:
         """Save ``global_step_<iteration>``, apply retention, and make sure the next save will fit (SFT's rules)."""
-        runner, size = self.cfg.runner, self.plan.size
-        root = checkpoint_root(self.view)
-        previous = latest_checkpoint(root) or (Path(runner.resume_dir) if runner.resume_dir else None)
-        lost = (f"The iterations after {previous.name} are lost; continue with runner.resume_dir={previous}"
-                if previous else "This run has no checkpoint yet")
-        require_space_for_save(self.view, size, iteration, note=lost)
-        path = root / step_dir_name(iteration)
-        try:
-            actors.call("save_checkpoint", str(path), {IDENTITY_FILE: self.identity.to_json()}, dict(counters))
-        except WorkerError as err:  # a write that found the disk full: say so, without a remote traceback
-            cause = getattr(err.cause, "cause", None)
-            if isinstance(cause, InsufficientSpaceError):
-                raise InsufficientSpaceError(f"actor: {cause} {lost}.") from err
-            raise
-        logger.info("saved checkpoint %s", path)
-        if runner.max_checkpoints_to_keep is not None:
-            protect = ([runner.resume_dir] if runner.resume_dir else []) + self.evaluator.protected()
-            prune_checkpoints(root, runner.max_checkpoints_to_keep, protect=protect)
-        upcoming = save_steps(iteration, self.view)
-        if upcoming:
-            require_space_for_save(self.view, size, upcoming[0],
-                                   note=f"Nothing is lost: {path} is complete; continue with runner.resume_dir={path}")
-        return path
+        return save_checkpoint_step(self.view, self.plan.size, iteration, actors, self.identity.to_json(),
+                                    self.evaluator.protected(), unit="iterations", extra_args=(dict(counters),))

@@ -20,18 +20,15 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
-from rlinf_cosmos3.checkpoint.layout import latest_checkpoint, step_dir_name
-from rlinf_cosmos3.checkpoint.retention import prune_checkpoints
-from rlinf_cosmos3.cluster import Cluster, WorkerError, WorkerGroup
+from rlinf_cosmos3.checkpoint.layout import step_dir_name
+from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError, load_structured
 from rlinf_cosmos3.config.sft import SFTConfig
-from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE
+from rlinf_cosmos3.runners.checkpoint_save import save_checkpoint_step
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
     checkpoint_root,
     plan_checkpoints,
-    require_space_for_save,
-    save_steps,
 )
 from rlinf_cosmos3.runners.checkpoint_space import preflight as disk_preflight
 from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
@@ -187,28 +184,5 @@ class SFTRunner:
         Checking right after a save means a disk that cannot take the next checkpoint stops the
         run while nothing is lost, instead of ``save_interval`` steps later in the middle of a write.
         """
-        cfg, size = self.cfg.runner, self.plan.size
-        root = checkpoint_root(self.cfg)
-        previous = latest_checkpoint(root) or (Path(cfg.resume_dir) if cfg.resume_dir else None)
-        lost = (f"The steps after {previous.name} are lost; continue with runner.resume_dir={previous}"
-                if previous else "This run has no checkpoint yet")
-        require_space_for_save(self.cfg, size, step, note=lost)
-        path = root / step_dir_name(step)
-        try:
-            actors.call("save_checkpoint", str(path), {IDENTITY_FILE: self.identity.to_json()})
-        except WorkerError as err:  # a write that found the disk full: say so, without a remote traceback
-            cause = getattr(err.cause, "cause", None)
-            if isinstance(cause, InsufficientSpaceError):
-                raise InsufficientSpaceError(f"actor rank {err.rank}: {cause} {lost}.") from err
-            raise
-        logger.info("saved checkpoint %s", path)
-        if cfg.max_checkpoints_to_keep is not None:
-            protect = ([cfg.resume_dir] if cfg.resume_dir else []) + self.evaluator.protected()
-            prune_checkpoints(root, cfg.max_checkpoints_to_keep, protect=protect)
-        upcoming = save_steps(step, self.cfg)
-        if upcoming:
-            require_space_for_save(
-                self.cfg, size, upcoming[0],
-                note=f"Nothing is lost: {path} is complete; continue with runner.resume_dir={path}",
-            )
-        return path
+        return save_checkpoint_step(self.cfg, self.plan.size, step, actors, self.identity.to_json(),
+                                    self.evaluator.protected())
