@@ -46,9 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the scripts' shared _common
+from _common import one_rank_process_group, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 _THIS_FILE = str(Path(__file__).resolve())
@@ -285,13 +287,8 @@ def run_here(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(args.bench_dir))
     import sft_step as bench  # the benchmark beside the library measured
 
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"file://{Path(tmp) / 'pg'}", rank=0, world_size=1)
-        try:
-            counts = {mb: measure_step(bench, mb, args, Path(tmp)) for mb in args.micro_batches}
-        finally:
-            dist.destroy_process_group()
+    with tempfile.TemporaryDirectory() as tmp, one_rank_process_group("cpu"):
+        counts = {mb: measure_step(bench, mb, args, Path(tmp)) for mb in args.micro_batches}
     return report(counts, args.top)
 
 
@@ -387,7 +384,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.child:
             result = run_here(args)
             if args.out:
-                args.out.write_text(json.dumps(result, indent=1))
+                write_json(args.out, result, indent=1)
             return result
         results: dict[str, dict[str, Any]] = {}
         if args.baseline:
@@ -405,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"host syncs at micro-batch {mb}: {sum(syncs.values())} {syncs}")
     print("\n".join(side_by_side(results)))
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        write_json(args.out, results, indent=1)
     return results
 
 

@@ -131,7 +131,6 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
     start from the same weights on disk and the same micro-batches. Equal losses, gradient norms, learning
     rates, AdamW moments and EMA shadows after two steps mean the benchmark times the worker's step.
     """
-    import torch.distributed as dist
     from hydra import compose, initialize_config_dir
 
     from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
@@ -141,9 +140,7 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
 
     args = bench.parse_args(["--device", "cpu", "--preset", "tiny", "--variants", "base+ac+ema+pack+mb2",
                              "--global-batch", "4", "--seed", "3"])
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
+    with bench.one_rank_process_group("cpu"):  # the benchmark's own (benchmarks/_common.py)
         setup = bench.prepare(args, torch.device("cpu"), args.variant_list, tmp_path)
         timed = bench.build(setup, args.variant_list[0])
         ours = [bench.timed_step(setup, timed, step) for step in range(2)]
@@ -165,8 +162,6 @@ def test_benchmark_step_is_the_workers_step(bench: ModuleType, tmp_path: Path) -
                        global_step=step, clip_grad=cfg.actor.optim.clip_grad, scheduler=scheduler, ema=ema)
             for step in range(2)
         ]
-    finally:
-        dist.destroy_process_group()
 
     assert [b["index"].tolist() for b in batches] == [[0, 1], [2, 3]]
     assert sorted(batches[0]) == CACHED_BATCH_KEYS

@@ -81,11 +81,9 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import resource
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -101,13 +99,24 @@ import torch
 from rlinf_cosmos3.config.sft import DEFAULT_MAX_TOKENS_PER_PACK
 from rlinf_cosmos3.tracking.flops import attention_flop_formulas, measure_matmul
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the scripts' shared _common
+from _common import (  # noqa: E402
+    GIB,
+    Budget,
+    device_memory_gib,
+    device_name,
+    device_slug,
+    library_versions,
+    one_rank_process_group,
+    results_path,
+    write_json,
+)
+
 logger = logging.getLogger("benchmarks.sft_step")
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO / "benchmarks" / "results"
 RECIPE_DIR = REPO / "examples" / "sft" / "config"
 RECIPE = "libero_sft_cosmos3"
-GIB = 2**30
 
 NANO_DEFAULT_LAYERS = 22
 """Most layers at which every default variant's estimated peak fits the memory target (docstring)."""
@@ -339,29 +348,6 @@ def auto_layers(
 # --------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def init_distributed(device: torch.device) -> None:
-    """A one-rank process group (nccl on GPU, gloo on CPU) so FSDP2 runs its real code path."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
-    else:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -405,7 +391,8 @@ class Setup:
     counts: ModelCounts
     layers: int = 0
     first_encode_s_per_sample: float = math.nan
-    t_start: float = field(default_factory=time.monotonic)
+    budget: Budget = field(default_factory=lambda: Budget(None))
+    """The run's: ``--time-budget-s`` from the start of :func:`main`."""
 
     @property
     def compute_bytes(self) -> int:
@@ -416,7 +403,7 @@ class Setup:
         return next(self.encoder.vae.parameters()).element_size()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.t_start
+        return self.budget.elapsed()
 
     def config(self, variant: Variant) -> Any:
         """The variant's ``SFTConfig``: the recipe plus :meth:`Variant.overrides`."""
@@ -776,7 +763,7 @@ def run_variants(setup: Setup, variants: Sequence[Variant], flops_per_step: int,
     results: list[dict[str, Any]] = []
     for variant in variants:
         head = {"name": variant.name, "features": variant.features, "micro_batch": variant.micro_batch}
-        if setup.elapsed() > setup.args.time_budget_s:
+        if setup.budget.spent():
             logger.info("[%6.1fs] %s: skipped (time budget)", setup.elapsed(), variant.name)
             error = f"time budget {setup.args.time_budget_s:.0f}s spent"
             results.append({**head, "status": "skipped", "error": error})
@@ -875,20 +862,6 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append("(CPU: peak GiB is the process's peak RSS so far; est GiB models a GPU's allocated peak)")
     lines.append(f"json: {report['out']}")
     return "\n".join(lines)
-
-
-def _device_slug(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(device).lower().replace("nvidia", "")
-    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cuda"
-
-
-def _versions() -> dict[str, str]:
-    import diffusers
-
-    return {"torch": torch.__version__, "diffusers": diffusers.__version__, "cuda": str(torch.version.cuda),
-            "python": platform.python_version()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1005,18 +978,17 @@ def build_report(
 ) -> dict[str, Any]:
     """The JSON document: settings, model, layout, recipe, and everything measured."""
     args, device, counts, layout, base = setup.args, setup.device, setup.counts, setup.layout, setup.base_config
-    cuda = device.type == "cuda"
     return {
         "benchmark": "sft_step",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "argv": list(argv) if argv is not None else sys.argv[1:],
         "device": {
             "type": device.type,
-            "name": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
-            "total_memory_gib": torch.cuda.get_device_properties(device).total_memory / GIB if cuda else None,
+            "name": device_name(device),
+            "total_memory_gib": device_memory_gib(device),
             "cpu_threads": torch.get_num_threads(),
         },
-        "versions": _versions(),
+        "versions": library_versions(),
         "precision": setup.precision,
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "model": {
@@ -1052,8 +1024,8 @@ def build_report(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns the report (also written as JSON and printed as a table, last)."""
-    t_start = time.monotonic()
     args = parse_args(argv)
+    budget = Budget(args.time_budget_s)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr
     )
@@ -1062,22 +1034,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if device.type == "cuda":
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # before CUDA starts
     torch.manual_seed(args.seed)
-    init_distributed(device)
-    import torch.distributed as dist
+    with one_rank_process_group(device), tempfile.TemporaryDirectory(prefix="sft_step_") as workdir:
+        setup = prepare(args, device, args.variant_list, Path(workdir))
+        setup.budget = budget
+        measured = measure(setup, args.variant_list)
 
-    try:
-        with tempfile.TemporaryDirectory(prefix="sft_step_") as workdir:
-            setup = prepare(args, device, args.variant_list, Path(workdir))
-            setup.t_start = t_start
-            measured = measure(setup, args.variant_list)
-    finally:
-        dist.destroy_process_group()
-
-    date = dt.datetime.now().strftime("%Y%m%d")
-    out = args.out or RESULTS_DIR / f"sft_step_{_device_slug(device)}_{date}.json"
+    out = args.out or results_path("sft_step", device_slug(device))
     report = build_report(setup, measured, out, argv)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out, report)
     sys.stderr.flush()
     print(format_table(report), flush=True)
     return report
