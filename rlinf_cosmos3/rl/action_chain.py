@@ -63,6 +63,9 @@ class ActionChain:
     """``[B]``: the log-prob of the SDE step under the rollout's weights."""
     actions: torch.Tensor
     """``[B, H, raw_action_dim]``: the normalised action chunks at the chain's end (what the env gets)."""
+    features: torch.Tensor | None = None
+    """``[B, hidden]`` float32, when asked for (PPO): the pooled condition-frame feature of the forward at each
+    decision's SDE step (:mod:`~rlinf_cosmos3.models.cosmos3.pooled_features`), what the value head reads."""
 
 
 _ROW_FIELDS = ("sde_step", "t", "t_next", "xt_vision", "xt_action", "x_next_action", "mask", "old_log_prob",
@@ -81,8 +84,12 @@ def cat_chains(chains: Sequence[ActionChain]) -> ActionChain:
             raise ValueError(f"chains of noise level / t_cap {(chain.noise_level, chain.t_cap)} and "
                              f"{(first.noise_level, first.t_cap)} cannot form one batch")
     tensors = {name: torch.cat([getattr(c, name) for c in chains]) for name in _ROW_FIELDS}
+    with_features = [c.features is not None for c in chains]
+    if any(with_features) and not all(with_features):
+        raise ValueError("chains with and without pooled features cannot form one batch")
+    features = torch.cat([c.features for c in chains]) if all(with_features) else None
     return ActionChain(input_ids=[ids for c in chains for ids in c.input_ids], noise_level=first.noise_level,
-                       t_cap=first.t_cap, **tensors)
+                       t_cap=first.t_cap, features=features, **tensors)
 
 
 def select_rows(chain: ActionChain, rows: Sequence[int] | torch.Tensor) -> ActionChain:
@@ -90,8 +97,9 @@ def select_rows(chain: ActionChain, rows: Sequence[int] | torch.Tensor) -> Actio
     index = torch.as_tensor(rows, dtype=torch.long)
     tensors = {name: getattr(chain, name).index_select(0, index.to(getattr(chain, name).device))
                for name in _ROW_FIELDS}
+    features = None if chain.features is None else chain.features.index_select(0, index.to(chain.features.device))
     return ActionChain(input_ids=[chain.input_ids[int(i)] for i in index], noise_level=chain.noise_level,
-                       t_cap=chain.t_cap, **tensors)
+                       t_cap=chain.t_cap, features=features, **tensors)
 
 
 def denoising_grid(policy: Any, num_steps: int) -> list[float]:
@@ -103,17 +111,20 @@ def denoising_grid(policy: Any, num_steps: int) -> list[float]:
 
 
 def packed_velocity(policy: Any, input_ids: Sequence[Sequence[int]], xt_vision: torch.Tensor,
-                    xt_action: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    xt_action: torch.Tensor, t: torch.Tensor, *, pooled: bool = False) -> tuple[torch.Tensor, ...]:
     """Velocities (``[B, C, T, h, w]``, ``[B, H, D]`` float32) of a batch of states at per-sample times ``t``
     (``[B]``), through the policy's packed training forward (:meth:`Cosmos3Policy.packed_velocity`), masked as the
     pipeline masks them: the condition frame does not move, the padded action channels stay zero.
-    Differentiable in the transformer's weights."""
+    Differentiable in the transformer's weights. ``pooled``: also the ``[B, hidden]`` pooled feature of the same
+    calls (the value head's input)."""
     sigma = torch.as_tensor(t, dtype=torch.float64).to(torch.float32)
-    velocity_v, velocity_a = policy.packed_velocity(input_ids, xt_vision, xt_action, sigma)
-    velocity_v = velocity_v.clone()
+    out = policy.packed_velocity(input_ids, xt_vision, xt_action, sigma, pooled=True) if pooled else \
+        policy.packed_velocity(input_ids, xt_vision, xt_action, sigma)
+    velocity_v, velocity_a = out[0].clone(), out[1]
     velocity_v[:, :, 0] = 0  # the condition frame does not move (the pipeline masks its velocity too)
     raw = policy.domain.raw_action_dim
-    return velocity_v, torch.cat([velocity_a[..., :raw], torch.zeros_like(velocity_a[..., raw:])], dim=-1)
+    velocity_a = torch.cat([velocity_a[..., :raw], torch.zeros_like(velocity_a[..., raw:])], dim=-1)
+    return (velocity_v, velocity_a, out[2]) if pooled else (velocity_v, velocity_a)
 
 
 Generators = torch.Generator | Sequence[torch.Generator]
@@ -151,13 +162,15 @@ def sample_action_chain(
     executed_steps: int | torch.Tensor,
     generator: Generators,
     sde_candidates: torch.Tensor | None = None,
+    features: bool = False,
 ) -> ActionChain:
     """Denoise a batch of observations (``latents`` ``[B, C, T, h, w]`` float32 whose frame 0 is each observation's
     condition latent, as ``policy.processor.encode_canvases`` gives it for the canvas held over the clip)
     with one flow-SDE step per decision; everything drawn from ``generator`` (SDE steps, initial noise, the
     SDE noise; one per batch or one per decision), so a seeded rollout repeats. ``prompts``: task strings or
     token ids (:func:`prompt_token_ids`). ``executed_steps``: how many chunk steps the env runs (the mask).
-    ``noise_level`` 0 is the deterministic Euler ODE (eval): there is no density, ``old_log_prob`` is NaN."""
+    ``noise_level`` 0 is the deterministic Euler ODE (eval): there is no density, ``old_log_prob`` is NaN.
+    ``features``: keep each decision's pooled feature of the forward at its SDE step (``chain.features``)."""
     batch, channels, frames, height, width = latents.shape
     horizon, action_dim, raw = policy.cfg.action_horizon, policy.transformer.config.action_dim, \
         policy.domain.raw_action_dim
@@ -177,11 +190,19 @@ def sample_action_chain(
     x_a[..., raw:] = 0
     mask = action_log_prob_mask(batch, horizon, action_dim, raw, executed_steps, device=x_a.device)
     keep_v, keep_a, keep_next = torch.zeros_like(x_v), torch.zeros_like(x_a), torch.zeros_like(x_a)
+    keep_features: torch.Tensor | None = None
     old_log_prob = torch.full((batch,), 0.0 if noise_level else float("nan"), dtype=torch.float32, device=device)
     for i in range(num_steps):
         t, t_next = grid[i], grid[i + 1]
-        v_v, v_a = packed_velocity(policy, input_ids, x_v, x_a, torch.full((batch,), t, dtype=torch.float64))
         rows = (chosen == i).to(x_a.device)
+        times = torch.full((batch,), t, dtype=torch.float64)
+        if features and bool(rows.any()):
+            v_v, v_a, pooled = packed_velocity(policy, input_ids, x_v, x_a, times, pooled=True)
+            if keep_features is None:
+                keep_features = torch.zeros(batch, pooled.shape[-1], dtype=torch.float32, device=device)
+            keep_features[rows.to(device)] = pooled.to(device)[rows.to(device)]
+        else:
+            v_v, v_a = packed_velocity(policy, input_ids, x_v, x_a, times)
         noise = _randn(x_a.shape, generator, device)
         step = hybrid_step(x_a, v_a, t, t_next, rows, noise_level, generator=None, t_cap=t_cap, noise=noise)
         x_next = step.x_next.clone()
@@ -198,13 +219,17 @@ def sample_action_chain(
     return ActionChain(input_ids=input_ids, sde_step=chosen, t=grid_t[chosen], t_next=grid_t[chosen + 1],
                        xt_vision=keep_v, xt_action=keep_a, x_next_action=keep_next, mask=mask,
                        noise_level=float(noise_level), t_cap=t_cap, old_log_prob=old_log_prob,
-                       actions=x_a[..., :raw].clone())
+                       actions=x_a[..., :raw].clone(), features=keep_features)
 
 
-def chain_log_prob(policy: Any, chain: ActionChain) -> torch.Tensor:
+def chain_log_prob(policy: Any, chain: ActionChain, *, features: bool = False
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``[B]`` log-probs of the chain's SDE steps under the policy's current weights (differentiable): the same
-    velocity forward as the rollout at the stored states, the same Gaussian, the same mask."""
-    _, v_a = packed_velocity(policy, chain.input_ids, chain.xt_vision, chain.xt_action, chain.t)
+    velocity forward as the rollout at the stored states, the same Gaussian, the same mask. ``features``: also
+    the ``[B, hidden]`` pooled features of that forward (PPO's value input: no transformer pass of its own)."""
+    out = packed_velocity(policy, chain.input_ids, chain.xt_vision, chain.xt_action, chain.t, pooled=features)
+    v_a = out[1]
     x_t = chain.xt_action.to(v_a.device)
     mean, std = sde_step_mean_std(x_t, v_a, chain.t, chain.t_next, chain.noise_level, t_cap=chain.t_cap)
-    return gaussian_log_prob(chain.x_next_action.to(v_a.device), mean, std, chain.mask.to(v_a.device))
+    log_prob = gaussian_log_prob(chain.x_next_action.to(v_a.device), mean, std, chain.mask.to(v_a.device))
+    return (log_prob, out[2]) if features else log_prob

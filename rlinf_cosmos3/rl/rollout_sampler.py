@@ -60,6 +60,8 @@ class SamplerSettings:
     request), so the grid is the evaluated sampler's; None: the scheduler's own."""
     sde_candidates: tuple[int, ...] | None = None
     """Grid steps a decision's SDE step is drawn from; None: all of them."""
+    pooled_features: bool = False
+    """Keep each decision's pooled feature (``chain.features``) from its SDE step's forward: PPO's value input."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
@@ -125,7 +127,8 @@ class RolloutSampler:
         chain = sample_action_chain(
             self.policy, encoded.latents, encoded.input_ids, num_steps=cfg.num_steps,
             noise_level=0.0 if deterministic else cfg.noise_level, executed_steps=cfg.executed_steps,
-            generator=self._generators(seeds), sde_candidates=candidates)
+            generator=self._generators(seeds), sde_candidates=candidates,
+            features=cfg.pooled_features and not deterministic)
         env_actions = self.decoder(chain.actions.float().cpu().numpy())
         return RolloutDecisions(env_actions=env_actions, chain=chain, observations=encoded,
                                 seeds=[int(s) for s in seeds], deterministic=deterministic)

@@ -71,6 +71,11 @@ from rlinf_cosmos3.models.cosmos3.packing import (
     split_into_packs,
 )
 from rlinf_cosmos3.models.cosmos3.parallelize import precision_dtype
+from rlinf_cosmos3.models.cosmos3.pooled_features import (
+    capture_generation_states,
+    condition_token_offsets,
+    pool_condition_tokens,
+)
 from rlinf_cosmos3.models.cosmos3.processor import (
     EncodedSample,
     PolicyProcessor,
@@ -364,12 +369,14 @@ class Cosmos3Policy(nn.Module):
         return preds_v[0], preds_a[0]
 
     def packed_velocity(self, input_ids: Sequence[Sequence[int]], xt_vision: torch.Tensor, xt_action: torch.Tensor,
-                        sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        sigma: torch.Tensor, *, pooled: bool = False) -> tuple[torch.Tensor, ...]:
         """Velocity predictions (float32 ``[B, C, T, h, w]``, ``[B, H, action_dim]``) for a batch of noisy states at
         per-sample ``sigma`` (``[B]``), through the loss's own forward: the same segments and packs (split by
         ``max_tokens_per_pack``), one transformer call per pack, timesteps ``1000 sigma``. RL samples and rescores
         its chains with it, so rollout and training share one forward. Nothing is masked: the condition frame's
-        and the padded channels' predictions are the caller's to discard. Differentiable in the weights."""
+        and the padded channels' predictions are the caller's to discard. Differentiable in the weights.
+        ``pooled``: also return ``[B, hidden]`` float32, each sample's condition-frame tokens' final states
+        averaged, from the same calls (:mod:`~rlinf_cosmos3.models.cosmos3.pooled_features`: PPO's value input)."""
         batch, _, frames, _, _ = xt_vision.shape
         if len(input_ids) != batch or xt_action.shape[0] != batch:
             raise ValueError(f"{len(input_ids)} prompts, {batch} vision and {xt_action.shape[0]} action states")
@@ -378,7 +385,7 @@ class Cosmos3Policy(nn.Module):
         cpu = torch.device("cpu")
         segments = [self._segments_for(list(ids), (1, *xt_vision.shape[1:]), horizon, cpu) for ids in input_ids]
         sigma = torch.as_tensor(sigma).to(device)
-        parts_v, parts_a = [], []
+        parts_v, parts_a, parts_f = [], [], []
         for pack in split_into_packs([seg["sequence_length"] for seg in segments], self.cfg.max_tokens_per_pack):
             static, layout, index = self._packed_sequence([segments[i] for i in pack])
             rows = torch.tensor(pack, device=device)
@@ -389,11 +396,20 @@ class Cosmos3Policy(nn.Module):
             kwargs = {**static, "vision_tokens": [vision.to(dtype)], "action_tokens": [action.to(dtype)],
                       "vision_timesteps": pack_timesteps(sigma[rows], index.vision_timestep_owner),
                       "action_timesteps": pack_timesteps(sigma[rows], index.action_timestep_owner)}
-            pred_v, pred_a = self._call_pack(kwargs, len(pack), layout)
+            if pooled:
+                with capture_generation_states(self.transformer) as states:
+                    pred_v, pred_a = self._call_pack(kwargs, len(pack), layout)
+                (gen_states,) = states  # one transformer call per pack
+                parts_f.append(pool_condition_tokens(gen_states, [start for start, _ in layout.gen_spans()],
+                                                     [condition_token_offsets(segments[i]) for i in pack]))
+            else:
+                pred_v, pred_a = self._call_pack(kwargs, len(pack), layout)
             pred_v = pred_v.float()
             parts_v.append(pred_v.reshape(pred_v.shape[1], len(pack), frames, *pred_v.shape[3:]).transpose(0, 1))
             parts_a.append(pred_a.float().reshape(len(pack), horizon, -1))
-        return torch.cat(parts_v), torch.cat(parts_a)  # packs are consecutive runs of samples: batch order
+        if pooled:  # packs are consecutive runs of samples: batch order
+            return torch.cat(parts_v), torch.cat(parts_a), torch.cat(parts_f)
+        return torch.cat(parts_v), torch.cat(parts_a)
 
     def _packed_sequence(self, segments: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], DocumentLayout, PackIndex]:
         """The packed call's sequence arguments (ids, positions, indexes, merged items) and the pack's
