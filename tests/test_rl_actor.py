@@ -4,8 +4,11 @@ give GRPO no signal). The observations are random images; everything else is the
 
 * the update moves exactly the configured trainable part (``actor.trainable``) and AdamW holds state for it only;
 * 2 iterations straight equal 1 iteration + a checkpoint + a fresh rank resumed from it + 1 iteration, bit for bit
-  (weights and optimizer state);
-* the first minibatch of an update sees ratio 1 (the weights the rollout sampled with).
+  (weights and optimizer state; PPO: the value head and its AdamW state too);
+* the first minibatch of an update sees ratio 1 (the weights the rollout sampled with);
+* PPO end to end on the rank: the values the sampler returns -> GAE over a hand-made pair of episodes (one success,
+  one cut at the cap) -> the update's clipped value loss, whose first minibatch is the Huber error of those values
+  against the returns; the value head is saved beside the model, not in the weights the converter reads.
 """
 
 from __future__ import annotations
@@ -23,11 +26,17 @@ from rlinf_cosmos3.checkpoint import is_complete_checkpoint
 from rlinf_cosmos3.components.optim import named_parameters_clean
 from rlinf_cosmos3.config.rl import GENERATION_TOWER_KEYS, register_hydra_schema
 from rlinf_cosmos3.rl.rollout_sampler import decision_seed
+from rlinf_cosmos3.rl.rounds import ppo_decisions
+from rlinf_cosmos3.validation.rl import VALUE_HEAD_FILE
 from rlinf_cosmos3.workers.actor.fsdp_rl_worker import FSDPRLWorker
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = ["pick up the black bowl", "put the mug on the plate", "pick up the black bowl", "put the mug on the plate"]
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
+EPISODES = [[0, 2], [1, 3]]
+"""PPO: env 0 of each sampling call plays episode A (decisions 0, 2: success at the second), env 1 episode B (1, 3:
+cut at the cap)."""
+SUCCESSES = [True, False]
 
 
 def rl_config(model: Path, stats: Path, *overrides: str) -> dict[str, Any]:
@@ -49,19 +58,32 @@ def make_worker(tiny_model_and_stats, *overrides: str, resume_dir: Path | None =
     return worker
 
 
-def iteration(worker: FSDPRLWorker, index: int) -> dict[str, float]:
-    """One iteration on random observations: two sampling calls (2 envs each, as two env stages would), then
-    the update on all four decisions with fixed advantages."""
+def sample_round(worker: FSDPRLWorker, index: int) -> dict[int, float]:
+    """Two sampling calls on random observations (2 envs each, as two env stages would); PPO: the values returned
+    per decision id."""
     rng = np.random.default_rng(index)
     ids: list[int] = []
+    values: dict[int, float] = {}
     for call in range(2):
         images = rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8)
         seeds = [decision_seed(42, index, 2 * call + env, 1, 0) for env in range(2)]
         reply = worker.sample(images, images[::-1].copy(), TASKS[2 * call:2 * call + 2], seeds)
         assert reply["actions"].shape == (2, 16, 7) and np.isfinite(reply["actions"]).all()
+        assert ("values" in reply) == (worker.critic is not None)
         ids += reply["ids"]
+        values.update(zip(reply["ids"], reply.get("values", []), strict=False))
     assert ids == [0, 1, 2, 3]
-    return worker.update(ids, ADVANTAGES, index)
+    return values
+
+
+def iteration(worker: FSDPRLWorker, index: int) -> dict[str, float]:
+    """One iteration: a round of four decisions, then the update on all of them: GRPO with fixed advantages, PPO
+    with GAE over :data:`EPISODES` from the values the sampler returned."""
+    values = sample_round(worker, index)
+    if worker.critic is None:
+        return worker.update([0, 1, 2, 3], ADVANTAGES, index)
+    round_ = ppo_decisions(SUCCESSES, EPISODES, [[values[d] for d in ids] for ids in EPISODES], 0.99, 0.95)
+    return worker.update(round_.decision_ids, round_.advantages, index, round_.returns)
 
 
 @pytest.mark.parametrize("trainable", ["generation", "all"])
@@ -125,20 +147,61 @@ def _assert_equal_states(a: Any, b: Any, where: str = "") -> None:
         assert a == b, where
 
 
-def test_resume_is_bit_identical(tiny_model_and_stats, tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_resume_is_bit_identical(tiny_model_and_stats, tmp_path: Path, algorithm: str) -> None:
     """2 iterations straight == 1 iteration, checkpoint, a fresh rank resumed from it, 1 iteration: weights and
-    AdamW state bit for bit (CPU), and the second iteration's metrics too."""
-    straight = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}")
+    AdamW state bit for bit (CPU; PPO: the value head and its AdamW state too), and the second iteration's metrics."""
+    straight = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", f"algorithm.name={algorithm}")
     first = iteration(straight, 1)
     step = Path(straight.save_checkpoint(str(tmp_path / "global_step_1"), counters={"episodes": 4.0}))
     assert is_complete_checkpoint(step)
     second = iteration(straight, 2)
     assert first["optimizer_steps"] == second["optimizer_steps"] == 4
 
-    resumed = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", resume_dir=step)
+    resumed = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", f"algorithm.name={algorithm}",
+                          resume_dir=step)
     assert resumed.iteration == 1 and resumed.counters["episodes"] == 4.0
     again = iteration(resumed, 2)
     again.pop("update_s"), second.pop("update_s")
     assert again == second
     _assert_equal_states(straight.full_state(), resumed.full_state())
     assert straight.full_state()["optimizer"]["state"], "the optimizer holds state after the updates"
+    assert ("critic" in straight.full_state()) == (algorithm == "ppo")
+    if algorithm == "ppo":
+        assert straight.full_state()["critic"]["optimizer"]["state"], "the critic's AdamW holds state"
+        assert again["value_loss"] > 0
+
+
+def test_ppo_values_gae_and_the_value_loss_on_the_rank(tiny_model_and_stats, tmp_path: Path) -> None:
+    """One epoch of one minibatch: the value head's first loss is the Huber (delta 10: half the squared error) of
+    the sampler's values against their GAE returns; the head and the trainable part both move; the value head is
+    in the checkpoint beside the model, and the consolidated weights (what the converter reads) are exactly the
+    transformer's."""
+    from rlinf_cosmos3.checkpoint import load_full_weights
+
+    worker = make_worker(tiny_model_and_stats, "algorithm.name=ppo", "algorithm.update_epochs=1",
+                         "algorithm.minibatch_size=4", f"runner.log_path={tmp_path}")
+    head_before = {k: v.clone() for k, v in worker.critic.head.state_dict().items()}
+    weights_before = {n: p.detach().clone() for n, p in named_parameters_clean(worker.policy.transformer)
+                      if p.requires_grad}
+    values = sample_round(worker, 1)
+    assert sorted(values) == [0, 1, 2, 3] and all(np.isfinite(v) and abs(v) < 1.0 for v in values.values())
+    round_ = ppo_decisions(SUCCESSES, EPISODES, [[values[d] for d in ids] for ids in EPISODES], 0.99, 0.95)
+    assert round_.returns[1] == pytest.approx(1.0)  # A's success decision: its reward, no bootstrap
+    metrics = worker.update(round_.decision_ids, round_.advantages, 1, round_.returns)
+    old = np.array([values[d] for d in round_.decision_ids])
+    expected = 0.5 * np.mean((np.array(round_.returns) - old) ** 2)
+    assert metrics["optimizer_steps"] == 1 and metrics["value_clip_fraction"] == 0.0
+    assert metrics["value_loss"] == pytest.approx(expected, rel=1e-4)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["value_mean"] == pytest.approx(old.mean()) and np.isfinite(metrics["explained_variance"])
+    assert any(not torch.equal(head_before[k], v) for k, v in worker.critic.head.state_dict().items())
+    params = dict(named_parameters_clean(worker.policy.transformer))
+    assert any(not torch.equal(weights_before[n], params[n].detach()) for n in weights_before)
+
+    step = Path(worker.save_checkpoint(str(tmp_path / "global_step_1"), counters={"episodes": 2.0}))
+    assert (step / VALUE_HEAD_FILE).is_file()
+    weights = load_full_weights(step)
+    assert weights.keys() == worker.policy.transformer.state_dict().keys()
+    with pytest.raises(ValueError, match="returns are PPO's value targets"):
+        worker.update([], [], 2)

@@ -18,6 +18,7 @@ from rlinf_cosmos3.config.model_settings import RECIPE
 from rlinf_cosmos3.config.rl import RLConfig, register_hydra_schema
 from rlinf_cosmos3.models.cosmos3.identity import IDENTITY_FILE, ModelIdentity
 from rlinf_cosmos3.runners.rl_runner import run_rl
+from rlinf_cosmos3.validation.rl import VALUE_HEAD_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "examples/rl/config"
@@ -47,7 +48,6 @@ def _run(inputs, tmp_path: Path, *extra: str) -> str:
 @pytest.mark.parametrize(("extra", "field", "words"), [
     (["algorithm.group_size=3"], "rollout.num_envs", "groups of algorithm.group_size=3"),
     (["algorithm.name=reinforce"], "algorithm.name", "unknown algorithm 'reinforce'"),
-    (["algorithm.name=ppo"], "algorithm.name", "not wired into the training loop yet"),
     (["algorithm.kl_coef=0.1"], "algorithm.kl_coef", "reference policy"),
     (["rollout.num_envs=3", "algorithm.group_size=3", "env.pipeline_stage_num=2"], "rollout.num_envs",
      "env.pipeline_stage_num=2"),
@@ -101,6 +101,23 @@ def test_resuming_from_an_sft_checkpoint_is_refused(tiny_model_and_stats, tmp_pa
     log = _run(tiny_model_and_stats, tmp_path, f"runner.resume_dir={step}")
     assert "config field 'runner.resume_dir'" in log and "not a checkpoint of an RL run" in log
     assert "convert_checkpoint.py" in log
+
+
+@pytest.mark.parametrize(("written_by", "resumed_as", "words"), [
+    ("grpo", "ppo", "has no value head"),
+    ("ppo", "grpo", "was written by a PPO run"),
+])
+def test_resuming_with_another_algorithm_is_refused(tiny_model_and_stats, tmp_path: Path, written_by: str,
+                                                    resumed_as: str, words: str) -> None:
+    """A resume continues its run: PPO needs the critic its checkpoint holds, GRPO would drop a PPO run's critic."""
+    step = tmp_path / "rl" / "global_step_1"
+    actor_dir(step).mkdir(parents=True)
+    TrainerState(global_step=1, extra={"rl": {"iteration": 1}}).write(actor_dir(step) / TRAINER_STATE_FILE)
+    (step / COMPLETE_MARKER).write_text("{}")
+    if written_by == "ppo":
+        (step / VALUE_HEAD_FILE).write_text("")
+    log = _run(tiny_model_and_stats, tmp_path, f"runner.resume_dir={step}", f"algorithm.name={resumed_as}")
+    assert "config field 'runner.resume_dir'" in log and words in log, log[-2000:]
 
 
 def test_launcher_unknown_algorithm_and_unknown_key_exit_2(tiny_model_and_stats, tmp_path: Path) -> None:

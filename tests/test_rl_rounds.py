@@ -1,12 +1,13 @@
-"""A round's starts (rl/rounds.round_starts), its GRPO decisions (rl/rounds.grpo_decisions) and the driver's
-bookkeeping of a crashed attempt (runners/rl_rollout.RoundCollector._record), by hand."""
+"""A round's starts (rl/rounds.round_starts), its GRPO and PPO decisions (rl/rounds.grpo_decisions,
+rl/rounds.ppo_decisions) and the driver's bookkeeping of a crashed attempt (runners/rl_rollout.RoundCollector._record),
+by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlinf_cosmos3.rl.rounds import grpo_decisions, round_starts
+from rlinf_cosmos3.rl.rounds import grpo_decisions, ppo_decisions, round_starts
 from rlinf_cosmos3.runners.rl_rollout import RoundCollector
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 
@@ -38,6 +39,41 @@ def test_grpo_decisions_by_hand() -> None:
     assert empty.decision_ids == [] and empty.advantages == []
 
 
+def test_ppo_decisions_by_hand() -> None:
+    """Episode A succeeds at its 2nd decision (reward 1 there, terminated: no bootstrap); episode B runs to the cap
+    after 3 decisions (truncated: its last decision bootstraps from its own observation's value); C made none."""
+    g, lam = 0.99, 0.95
+    va, vb = [0.5, 0.8], [0.1, 0.2, 0.4]
+    out = ppo_decisions([True, False, False], [[10, 12], [11, 13, 14], []], [va, vb, []], g, lam)
+    a1 = 1.0 - va[1]                                   # r + 0 * V' - V
+    a0 = (g * va[1] - va[0]) + g * lam * a1
+    b2 = g * vb[2] - vb[2]                             # V' = V(last observation)
+    b1 = (g * vb[2] - vb[1]) + g * lam * b2
+    b0 = (g * vb[1] - vb[0]) + g * lam * b1
+    raw = torch.tensor([a0, a1, b0, b1, b2], dtype=torch.float64)
+    assert out.decision_ids == [10, 12, 11, 13, 14]
+    assert out.returns == pytest.approx([a0 + va[0], a1 + va[1], b0 + vb[0], b1 + vb[1], b2 + vb[2]], abs=1e-12)
+    assert out.returns[1] == pytest.approx(1.0)  # the success decision's target is its reward
+    normalised = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-5)  # population std over the round, RLinf's
+    assert out.advantages == pytest.approx(normalised.tolist(), abs=1e-12)
+    assert out.episode_keep.tolist() == [True, True, True]
+    assert out.episode_advantages.tolist() == pytest.approx([normalised[0].item(), normalised[2].item(), 0.0])
+    # gamma = lambda = 1 and zero values: the Monte Carlo returns (1 for every decision of A, 0 for B)
+    mc = ppo_decisions([True, False], [[0, 1], [2, 3]], [[0.0, 0.0], [0.0, 0.0]], 1.0, 1.0)
+    assert mc.returns == [1.0, 1.0, 0.0, 0.0]
+    empty = ppo_decisions([], [], [], g, lam)
+    assert empty.decision_ids == [] and empty.returns == []
+
+
+@pytest.mark.parametrize(("successes", "decisions", "values", "words"), [
+    ([True], [[0, 1]], [[0.1]], "2 decisions but 1 values"),
+    ([True, False], [[0]], [[0.1]], "2 outcomes, 1 decision lists"),
+])
+def test_ppo_decisions_bad_inputs(successes, decisions, values, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        ppo_decisions(successes, decisions, values, 0.99, 0.95)
+
+
 def _result(slot: int, trial: int, attempts: int, error: str | None = None, success: bool = False) -> EpisodeResult:
     return EpisodeResult(suite="libero_spatial", task_id=0, trial_id=trial, success_once=success,
                          success_at_end=success, steps=42, error=error, slot_id=slot, attempts=attempts)
@@ -57,3 +93,15 @@ def test_a_crashed_attempts_decisions_are_dropped_and_a_failed_episode_left_out(
     assert [r.slot_id for r in result.failed] == [2]
     assert result.dropped_decisions == 2 + 2  # slot 0's first attempt, and both of slot 2's
     assert not collector._pending
+    assert all(e.values == [] for e in result.episodes)  # GRPO: the actor returned no values
+
+
+def test_ppo_values_follow_the_kept_decisions() -> None:
+    """PPO: each kept decision's value (as the actor returned it) goes with its episode, in decision order; the
+    values of a crashed attempt's decisions do not."""
+    collector = RoundCollector(envs=None, actor=None, stages=1, seed=0, iteration=1, num_episodes=1, progress=False)
+    collector._pending[0] += [(1, 0), (2, 1), (2, 2)]
+    collector._values.update({0: 0.5, 1: 0.25, 2: -0.125})
+    collector._record([_result(0, 3, attempts=2)])
+    (episode,) = collector.result.episodes
+    assert episode.decision_ids == [1, 2] and episode.values == [0.25, -0.125]

@@ -1,4 +1,4 @@
-"""Which (task, init state) starts a rollout round plays, and how its episodes become GRPO's decisions.
+"""Which (task, init state) starts a rollout round plays, and how its episodes become GRPO's or PPO's decisions.
 
 Pure functions of the run's seed and the round's index, so a resumed run plays the rounds the straight run would
 have played, and the driver and the tests agree on them without any state.
@@ -9,19 +9,25 @@ have played, and the driver and the tests agree on them without any state.
   one group of ``2G`` (the same start: still a valid GRPO group).
 * :func:`grpo_decisions`: the episodes a round kept (a crashed attempt's decisions are already gone) -> each
   decision's GRPO advantage, groups without signal dropped (:func:`~rlinf_cosmos3.rl.advantages.grpo_advantages`).
+* :func:`ppo_decisions`: the same episodes with the value of each decision's observation -> every decision's GAE
+  advantage (normalised over the round) and return (the value head's target), from per-decision rewards: 1 at
+  the decision whose chunk reached success, which terminates the episode; 0 elsewhere. An episode that ran to the
+  suite's cap is truncated, not terminated: its last decision bootstraps from the value of the last observation
+  the policy saw (its own observation: the env does not hand out the one after the cap, one chunk later).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from rlinf_cosmos3.rl.advantages import grpo_advantages
+from rlinf_cosmos3.rl.gae import compute_gae, next_values_of, normalize_advantages
 
-__all__ = ["RoundDecisions", "grpo_decisions", "round_starts"]
+__all__ = ["RoundDecisions", "grpo_decisions", "ppo_decisions", "round_starts"]
 
 
 def round_starts(starts: Sequence[tuple[int, int]], groups: int, seed: int, round_index: int) -> list[tuple[int, int]]:
@@ -49,9 +55,12 @@ class RoundDecisions:
     advantages: list[float]
     """Each kept decision's advantage: its episode's."""
     episode_advantages: torch.Tensor
-    """``[N]`` every episode's advantage (0 where dropped)."""
+    """``[N]`` GRPO: every episode's advantage (0 where dropped); PPO: its first decision's (normalised)."""
     episode_keep: torch.Tensor
-    """``[N]`` bool: the episode's group has signal."""
+    """``[N]`` bool: the episode's group has signal (PPO: every episode is kept)."""
+    returns: list[float] = field(default_factory=list)
+    """PPO: each kept decision's GAE return ``A + V`` (before the advantages' normalisation), the value head's
+    target; empty for GRPO."""
 
 
 def grpo_decisions(returns: Sequence[float], groups: Sequence[Hashable], decisions: Sequence[Sequence[int]],
@@ -73,3 +82,43 @@ def grpo_decisions(returns: Sequence[float], groups: Sequence[Hashable], decisio
             ids += [int(d) for d in decisions[episode]]
             advantages += [float(result.advantages[episode])] * len(decisions[episode])
     return RoundDecisions(ids, advantages, result.advantages, result.keep)
+
+
+def ppo_decisions(successes: Sequence[bool], decisions: Sequence[Sequence[int]], values: Sequence[Sequence[float]],
+                  gamma: float, gae_lambda: float) -> RoundDecisions:
+    """PPO over a round's episodes: ``successes[i]`` (the episode ended at its first success), ``decisions[i]``
+    (its decision ids, in order) and ``values[i]`` (the value head's ``V`` of each decision's observation, at
+    rollout). Every decision is kept; see the module docstring for rewards, termination and truncation."""
+    if not len(successes) == len(decisions) == len(values):
+        raise ValueError(f"{len(successes)} outcomes, {len(decisions)} decision lists, {len(values)} value lists")
+    for episode, (ids, vals) in enumerate(zip(decisions, values, strict=True)):
+        if len(ids) != len(vals):
+            raise ValueError(f"episode {episode}: {len(ids)} decisions but {len(vals)} values")
+    count, horizon = len(decisions), max((len(ids) for ids in decisions), default=0)
+    if horizon == 0:
+        empty = torch.zeros(count, dtype=torch.float64)
+        return RoundDecisions([], [], empty, torch.ones(count, dtype=torch.bool), [])
+    shape = (horizon, count)
+    v = torch.zeros(shape, dtype=torch.float64)
+    rewards, valid = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.bool)
+    terminated, truncated = torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.bool)
+    for episode, (vals, success) in enumerate(zip(values, successes, strict=True)):
+        length = len(vals)
+        if length == 0:
+            continue
+        v[:length, episode] = torch.tensor([float(x) for x in vals], dtype=torch.float64)
+        valid[:length, episode] = True
+        last = length - 1
+        rewards[last, episode] = 1.0 if success else 0.0
+        (terminated if success else truncated)[last, episode] = True
+    # a truncated episode's V' is the value of its last observation (its last decision's own V)
+    next_v = next_values_of(v, torch.zeros(count, dtype=torch.float64), truncated, final_values=v)
+    advantages, returns = compute_gae(rewards, v, next_v, terminated, truncated, gamma, gae_lambda)
+    normalised = normalize_advantages(advantages, valid)
+    ids, adv, ret = [], [], []
+    for episode, episode_ids in enumerate(decisions):
+        ids += [int(d) for d in episode_ids]
+        adv += normalised[:len(episode_ids), episode].tolist()
+        ret += returns[:len(episode_ids), episode].tolist()
+    first = torch.where(valid[0], normalised[0], torch.zeros_like(normalised[0]))
+    return RoundDecisions(ids, adv, first, torch.ones(count, dtype=torch.bool), ret)

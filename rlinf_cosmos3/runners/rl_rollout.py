@@ -44,6 +44,9 @@ class CollectedEpisode:
 
     result: EpisodeResult
     decision_ids: list[int]
+    values: list[float] = field(default_factory=list)
+    """PPO: the value head's ``V`` of each decision's observation, as the actor returned it (GAE's input); empty
+    for GRPO."""
 
 
 @dataclass
@@ -75,6 +78,8 @@ class RoundCollector:
         self.result = RoundResult()
         self._pending: dict[int, list[tuple[int, int]]] = defaultdict(list)
         """env slot -> (attempt, decision id) of its current episode's decisions so far."""
+        self._values: dict[int, float] = {}
+        """PPO: decision id -> its value, as the actor's ``sample`` returned it."""
         self._bar = tqdm(total=num_episodes, desc=f"iteration {iteration}: rollout", unit="ep", dynamic_ncols=True,
                          disable=not progress, leave=False)
 
@@ -108,6 +113,8 @@ class RoundCollector:
             reply = await self.actor.sample.remote(obs[MAIN_IMAGES], obs[WRIST_IMAGES], obs[TASK_DESCRIPTIONS], seeds)
             for slot, attempt, decision in zip(slots, attempts, reply["ids"], strict=True):
                 self._pending[slot].append((attempt, decision))
+            if "values" in reply:
+                self._values.update(zip(reply["ids"], reply["values"], strict=True))
             self.result.decisions += len(slots)
             self.result.sample_calls += 1
             self.result.sample_s += reply["sample_s"]
@@ -128,7 +135,8 @@ class RoundCollector:
                     logger.warning("iteration %d: task %d init state %d ran %d times (simulator crash); only the "
                                    "last run's %d decisions count", self.iteration, result.task_id, result.trial_id,
                                    result.attempts, len(kept))
-                self.result.episodes.append(CollectedEpisode(result, kept))
+                values = [self._values.pop(d) for d in kept] if self._values else []
+                self.result.episodes.append(CollectedEpisode(result, kept, values))
             self._bar.update(1)
             done = self.result.episodes
             if done:

@@ -7,8 +7,11 @@ Per iteration (docs/rl.md, "The training loop"):
    envs at once; the actor's sampler serves the envs' observations in batches
    (:mod:`rlinf_cosmos3.runners.rl_rollout`); an episode ends at its first success (reward 1 at that decision) or
    at the suite's cap;
-2. **advantages**: GRPO per group of the same start, groups whose episodes all succeeded or all failed dropped;
-3. **update**: PPO-clip epochs over minibatches of the kept decisions on the actor (:class:`FSDPRLWorker`);
+2. **advantages**: GRPO per group of the same start, groups whose episodes all succeeded or all failed dropped; or
+   PPO's GAE over each episode's per-decision rewards and the values the actor returned with its decisions
+   (:func:`~rlinf_cosmos3.rl.rounds.ppo_decisions`);
+3. **update**: PPO-clip epochs over minibatches of the kept decisions on the actor (:class:`FSDPRLWorker`), with
+   PPO's clipped value loss on the value head;
 4. **log**: TensorBoard ``rl/*`` (success per task under ``rl_task_success/*``) and one log line;
 5. **save** every ``runner.save_interval`` iterations and after the last: ``global_step_<iteration>`` with SFT's
    layout (it converts with ``toolkits/cosmos3/convert_checkpoint.py``), retention and the disk check as SFT;
@@ -36,7 +39,7 @@ from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.rl import RLConfig, sft_view
 from rlinf_cosmos3.models.cosmos3.identity import ModelIdentity
-from rlinf_cosmos3.rl.rounds import grpo_decisions, round_starts
+from rlinf_cosmos3.rl.rounds import RoundDecisions, grpo_decisions, ppo_decisions, round_starts
 from rlinf_cosmos3.runners.checkpoint_save import save_checkpoint_step
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
@@ -197,15 +200,15 @@ class RLRunner:
                                    iteration=iteration, num_episodes=len(episodes), progress=self.progress).run()
         kept = collected.episodes
         returns = [float(e.result.success_once) for e in kept]
-        round_ = grpo_decisions(returns, [(e.result.task_id, e.result.trial_id) for e in kept],
-                                [e.decision_ids for e in kept], alg.advantage_eps)
+        round_ = self._decisions(collected, returns)
         groups = len({(e.result.task_id, e.result.trial_id) for e in kept})
         groups_kept = len({(e.result.task_id, e.result.trial_id) for e, k in zip(kept, round_.episode_keep.tolist(),
                                                                                    strict=True) if k})
         logger.info("iteration %d: update: %d of %d decisions (%d of %d groups have signal), %d epochs of minibatches "
                     "of %d", iteration, len(round_.decision_ids), collected.decisions - collected.dropped_decisions,
                     groups_kept, groups, alg.update_epochs, alg.minibatch_size)
-        update = actors.call("update", round_.decision_ids, round_.advantages, iteration)[0]
+        update = actors.call("update", round_.decision_ids, round_.advantages, iteration,
+                             round_.returns if alg.name == "ppo" else None)[0]
         steps = [e.result.steps - cfg.env.num_settle_steps for e in kept]
         counters["episodes"] += len(kept)
         counters["env_steps"] += sum(e.result.steps for e in kept)
@@ -219,6 +222,15 @@ class RLRunner:
                     metrics.get("grad_norm", 0.0), metrics["rollout_time_s"], metrics["episodes_per_s"],
                     metrics["update_time_s"], counters["episodes"], counters["env_steps"])
         return metrics
+
+    def _decisions(self, collected: RoundResult, returns: list[float]) -> RoundDecisions:
+        """The round's decisions to train on and their advantages: GRPO per start, or PPO's GAE per episode."""
+        alg, kept = self.cfg.algorithm, collected.episodes
+        if alg.name == "ppo":
+            return ppo_decisions([bool(r) for r in returns], [e.decision_ids for e in kept], [e.values for e in kept],
+                                 alg.gamma, alg.gae_lambda)
+        return grpo_decisions(returns, [(e.result.task_id, e.result.trial_id) for e in kept],
+                              [e.decision_ids for e in kept], alg.advantage_eps)
 
     @staticmethod
     def _metrics(collected: RoundResult, advantages: list[float], returns: list[float], steps: list[int],

@@ -26,6 +26,9 @@ from rlinf_cosmos3.validation.sft import check_resume_dir
 RL_STATE_KEY = "rl"
 """Key of an RL checkpoint's own counters in ``trainer_state.json``'s ``extra`` (iteration, episodes, env steps):
 how a resume tells an RL checkpoint from an SFT one."""
+VALUE_HEAD_FILE = "value_head.pt.b64"
+"""A PPO run's critic (value head and its AdamW state, ``rl.critic.Critic.to_text``) at the root of its checkpoints'
+``global_step_<N>/``, written by the same atomic save as the model; GRPO checkpoints have none."""
 
 
 def load_rl_config(raw: Any, *, check_gpus: bool = True) -> RLConfig:
@@ -39,9 +42,6 @@ def validate_rl_config(cfg: RLConfig, *, check_gpus: bool = True) -> None:
     """All rules of an RL run, values first, then what is on disk; raises :class:`ConfigError` on the first."""
     cfg.validate()
     alg = cfg.algorithm
-    require(alg.name == "grpo", "algorithm.name",
-            f"'{alg.name}' is not wired into the training loop yet (its value head and GAE are built and tested, "
-            "the runner does not call them)", "use algorithm.name=grpo")
     require(alg.kl_coef == 0.0, "algorithm.kl_coef",
             f"{alg.kl_coef}: the KL term needs a reference policy, which the runner does not hold yet",
             "use algorithm.kl_coef=0 (RLinf's LIBERO recipes)")
@@ -67,8 +67,9 @@ def validate_rl_config(cfg: RLConfig, *, check_gpus: bool = True) -> None:
 
 
 def check_rl_checkpoint(cfg: RLConfig) -> None:
-    """``runner.resume_dir`` must be an RL checkpoint of this model: its counters are there, and its identity (the
-    model settings and stats the run trains with) equals the one ``rollout.model`` states."""
+    """``runner.resume_dir`` must be an RL checkpoint of this model and algorithm: its counters are there, it holds
+    a value head exactly when the run is PPO, and its identity (the model settings and stats the run trains with)
+    equals the one ``rollout.model`` states."""
     resume = Path(cfg.runner.resume_dir)
     state = TrainerState.read(actor_dir(resume) / TRAINER_STATE_FILE)
     require(RL_STATE_KEY in state.extra, "runner.resume_dir",
@@ -76,6 +77,7 @@ def check_rl_checkpoint(cfg: RLConfig) -> None:
             "objective and trainable part)",
             "to start RL from an SFT checkpoint, convert it (toolkits/cosmos3/convert_checkpoint.py) and set "
             "rollout.model.model_path to the converted directory; runner.resume_dir only continues an RL run")
+    check_same_algorithm(cfg, resume)
     try:
         trained = read_identity(resume)
     except IdentityError as err:
@@ -90,3 +92,19 @@ def check_rl_checkpoint(cfg: RLConfig) -> None:
                               f"this run has {m.configured_value!r}" for m in mismatches)
         raise ConfigError("runner.resume_dir", f"'{resume}' was trained with other settings: {described}",
                           "resume with the rollout.model settings (and stats file) of the run that wrote it")
+
+
+def check_same_algorithm(cfg: RLConfig, resume: Path) -> None:
+    """A resume continues the run that wrote the checkpoint: PPO needs the value head it saved (a GRPO checkpoint has
+    none), and GRPO would silently drop a PPO run's critic."""
+    has_critic = (resume / VALUE_HEAD_FILE).is_file()
+    if cfg.algorithm.name == "ppo":
+        require(has_critic, "runner.resume_dir",
+                f"'{resume}' has no value head ({VALUE_HEAD_FILE}): it was written by a GRPO run, and PPO resumes "
+                "its critic with the policy",
+                "resume it with algorithm.name=grpo, or start PPO from its converted model "
+                "(toolkits/cosmos3/convert_checkpoint.py, then rollout.model.model_path)")
+    else:
+        require(not has_critic, "runner.resume_dir",
+                f"'{resume}' was written by a PPO run (it holds {VALUE_HEAD_FILE}); algorithm.name="
+                f"{cfg.algorithm.name} would drop its critic", "resume it with algorithm.name=ppo")

@@ -8,6 +8,12 @@ takes the ids the driver kept (GRPO's groups with signal) with their advantages 
 minibatches of them, the log-probs recomputed by :func:`~rlinf_cosmos3.rl.action_chain.chain_log_prob` on the
 stored chain states. There is no weight sync and no server.
 
+PPO (``algorithm.name=ppo``) adds the :class:`~rlinf_cosmos3.rl.critic.Critic`: :meth:`sample` also returns each
+decision's value (the value head on the pooled feature of the forward at its SDE step) and keeps it as the value
+loss's clip reference; the driver computes GAE from those values and hands the returns to :meth:`update`, whose
+minibatches add the clipped value loss, computed from the pooled features of the same forward that recomputes the
+log-probs. The critic's weights and AdamW state are saved in the checkpoint beside, not inside, the model.
+
 Model loading, FSDP2, AdamW and checkpoints are SFT's (:mod:`rlinf_cosmos3.components.sft_trainer`,
 :mod:`rlinf_cosmos3.checkpoint`), fed the RL run as an SFT config (:func:`~rlinf_cosmos3.config.rl.sft_view`), so
 an RL checkpoint has the SFT layout and converts with ``toolkits/cosmos3/convert_checkpoint.py`` the same way.
@@ -35,15 +41,20 @@ from rlinf_cosmos3.components.optim import clip_grad_norm_
 from rlinf_cosmos3.components.sft_trainer import build_sft_optimization, build_sft_policy
 from rlinf_cosmos3.config.rl import RLConfig, sft_view
 from rlinf_cosmos3.rl.action_chain import ActionChain, cat_chains, chain_log_prob, select_rows
+from rlinf_cosmos3.rl.critic import Critic
 from rlinf_cosmos3.rl.ppo_loss import ppo_clip_loss
 from rlinf_cosmos3.rl.rollout_sampler import RolloutSampler, SamplerSettings, decision_seed
-from rlinf_cosmos3.validation.rl import RL_STATE_KEY, load_rl_config
+from rlinf_cosmos3.rl.value_head import clipped_value_loss
+from rlinf_cosmos3.validation.rl import RL_STATE_KEY, VALUE_HEAD_FILE, load_rl_config
 
 __all__ = ["FSDPRLWorker", "MINIBATCH_STREAM"]
 
 MINIBATCH_STREAM = 1
 """Key that separates the minibatch shuffles' seeds from the decisions' (:func:`decision_seed`)."""
+CRITIC_STREAM = 2
+"""Key of the value head's initial weights' seed."""
 _MEAN_METRICS = ("policy_loss", "approx_kl", "clip_fraction", "dual_clip_fraction", "ratio_mean", "grad_norm")
+_VALUE_METRICS = ("value_loss", "value_clip_fraction", "value_grad_norm")
 
 
 class FSDPRLWorker(Worker):
@@ -57,7 +68,10 @@ class FSDPRLWorker(Worker):
         self.iteration = 0
         self.counters: dict[str, float] = {}
         self._chains: list[ActionChain] = []
+        self._values: list[torch.Tensor] = []
+        """PPO: each sampling call's rollout values (the value loss's clip reference), beside ``_chains``."""
         self._num_decisions = 0
+        self.critic: Critic | None = None
 
     def setup(self, resume_dir: str | None = None) -> dict[str, Any]:
         """Build the policy (SFT's loader and FSDP2 wrapping, ``actor.trainable`` selected), AdamW, the sampler;
@@ -70,10 +84,19 @@ class FSDPRLWorker(Worker):
         model = cfg.rollout.model
         decoder = EnvActionDecoder(ActionNormalizer(model.action_stats_path, model.action_normalization),
                                    model.rot6d_decode, model.gripper_convention, model.gripper_command)
+        ppo = cfg.algorithm.name == "ppo"
         settings = SamplerSettings(num_steps=cfg.rollout.num_denoising_steps, noise_level=cfg.rollout.noise_level,
-                                   executed_steps=cfg.rollout.executed_steps, flow_shift=model.flow_shift)
+                                   executed_steps=cfg.rollout.executed_steps, flow_shift=model.flow_shift,
+                                   pooled_features=ppo)
         self.sampler = RolloutSampler(self.policy, decoder, settings, seed=cfg.runner.seed)
+        if ppo:
+            actor = cfg.actor
+            self.critic = Critic(self.policy.transformer.config.hidden_size, actor.value_hidden_sizes,
+                                 lr=actor.value_lr, weight_decay=actor.weight_decay, clip_grad=actor.clip_grad,
+                                 device=self.device, seed=decision_seed(cfg.runner.seed, CRITIC_STREAM))
         if resume_dir:
+            if self.critic is not None:
+                self.critic.load_text((Path(resume_dir) / VALUE_HEAD_FILE).read_text())
             state = load_checkpoint(resume_dir, self.policy.transformer, self.optimizer, self.scheduler, self.ema)
             self.iteration = state.global_step
             self.counters = dict(state.extra[RL_STATE_KEY])
@@ -85,45 +108,67 @@ class FSDPRLWorker(Worker):
 
     def sample(self, main_images: np.ndarray, wrist_images: np.ndarray, tasks: Sequence[str],
                seeds: Sequence[int]) -> dict[str, Any]:
-        """One batch of env observations -> their commands ``[B, executed_steps, 7]`` and decision ids; each
-        decision's chain row stays here until :meth:`update` (or :meth:`discard`)."""
+        """One batch of env observations -> their commands ``[B, executed_steps, 7]`` and decision ids (PPO: and
+        ``values``, each decision's ``V``); each decision's chain row stays here until :meth:`update` (or
+        :meth:`discard`)."""
         started = time.perf_counter()
         decisions = self.sampler.sample(main_images, wrist_images, list(tasks), seeds=list(seeds))
         first = self._num_decisions
         self._chains.append(decisions.chain)
         self._num_decisions += len(decisions)
-        return {"actions": decisions.env_actions[:, :self.cfg.rollout.executed_steps],
-                "ids": list(range(first, self._num_decisions)), "sample_s": time.perf_counter() - started}
+        reply = {"actions": decisions.env_actions[:, :self.cfg.rollout.executed_steps],
+                 "ids": list(range(first, self._num_decisions))}
+        if self.critic is not None:
+            with torch.no_grad():
+                values = self.critic.values(decisions.chain.features).float()
+            self._values.append(values)
+            reply["values"] = values.tolist()
+        return {**reply, "sample_s": time.perf_counter() - started}
 
     def discard(self) -> None:
         """Forget the decisions sampled since the last update (a round that did not finish)."""
-        self._chains, self._num_decisions = [], 0
+        self._chains, self._values, self._num_decisions = [], [], 0
 
     # ------------------------------------------------------------------ update
 
-    def update(self, decision_ids: Sequence[int], advantages: Sequence[float], iteration: int) -> dict[str, float]:
+    def update(self, decision_ids: Sequence[int], advantages: Sequence[float], iteration: int,
+               returns: Sequence[float] | None = None) -> dict[str, float]:
         """PPO-clip epochs over the kept decisions of ``iteration``'s round, then forget the round's decisions.
 
         Each epoch shuffles the decisions (seeded by ``(seed, iteration, epoch)``) into minibatches of
         ``algorithm.minibatch_size``; each minibatch is one optimizer step: the log-probs recomputed on the stored
         chain states, the clipped loss, the gradient clipped to ``actor.clip_grad``. Without decisions (every
-        group uniform) no step is taken. Metrics are means over the minibatches (``ratio_max``: the max)."""
+        group uniform) no step is taken. Metrics are means over the minibatches (``ratio_max``: the max).
+
+        PPO: ``returns`` (one per decision, GAE's ``A + V``) are the value head's targets; each minibatch adds the
+        clipped value loss against the rollout's values, and the critic takes its own AdamW step. GRPO: None."""
         started = time.perf_counter()
         chains, self._chains, self._num_decisions = self._chains, [], 0
+        rollout_values, self._values = self._values, []
         if len(decision_ids) != len(advantages):
             raise ValueError(f"{len(decision_ids)} decisions, {len(advantages)} advantages")
+        if (returns is None) != (self.critic is None):
+            raise ValueError("returns are PPO's value targets: pass them exactly when algorithm.name=ppo")
+        if returns is not None and len(returns) != len(decision_ids):
+            raise ValueError(f"{len(decision_ids)} decisions, {len(returns)} returns")
         alg = self.cfg.algorithm
-        sums = dict.fromkeys(_MEAN_METRICS, 0.0)
+        sums = dict.fromkeys(_MEAN_METRICS + (_VALUE_METRICS if self.critic is not None else ()), 0.0)
         ratio_max, steps = 0.0, 0
+        extra: dict[str, float] = {}
         sampled = cat_chains(chains) if chains else None
         # The round's mean old log-prob (every decision sampled, kept or not): how spread the sampling is, and a
         # fingerprint of the round (a resumed run must reproduce it exactly).
         rollout_log_prob = float(sampled.old_log_prob.double().mean()) if sampled is not None else 0.0
         if decision_ids:
             assert sampled is not None
-            chain = select_rows(sampled, list(decision_ids))
+            ids = torch.tensor(list(decision_ids), dtype=torch.long)
+            chain = select_rows(sampled, ids)
             adv = torch.tensor(list(advantages), dtype=torch.float32, device=self.device)
-            transformer = self.policy.transformer
+            targets = None
+            if returns is not None:
+                old = torch.cat(rollout_values).index_select(0, ids.to(rollout_values[0].device)).to(self.device)
+                targets = (old, torch.tensor(list(returns), dtype=torch.float32, device=self.device))
+                extra = _rollout_value_metrics(*targets)
             count = len(decision_ids)
             for epoch in range(alg.update_epochs):
                 shuffle = torch.Generator().manual_seed(
@@ -131,46 +176,71 @@ class FSDPRLWorker(Worker):
                 order = torch.randperm(count, generator=shuffle)
                 for start in range(0, count, alg.minibatch_size):
                     rows = order[start:start + alg.minibatch_size]
-                    part = select_rows(chain, rows)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    log_prob = chain_log_prob(self.policy, part)
-                    loss = ppo_clip_loss(log_prob, part.old_log_prob.to(log_prob.device), adv[rows.to(adv.device)],
-                                         clip_ratio=alg.clip_ratio, dual_clip=alg.dual_clip)
-                    loss.loss.backward()
-                    grad_norm = clip_grad_norm_(transformer, self.cfg.actor.clip_grad)
-                    self.optimizer.step()
-                    self.scheduler.step()
-                    values = {**{k: v for k, v in loss.metrics.items() if k in sums}, "grad_norm": grad_norm}
-                    for name, value in values.items():
-                        sums[name] += float(value)
-                    ratio_max = max(ratio_max, float(loss.metrics["ratio_max"]))
+                    values = self._minibatch_step(select_rows(chain, rows), adv, targets, rows.to(self.device))
+                    for name in sums:
+                        sums[name] += float(values[name])
+                    ratio_max = max(ratio_max, float(values["ratio_max"]))
                     steps += 1
             self.optimizer.zero_grad(set_to_none=True)
+            if self.critic is not None:
+                self.critic.zero_grad()
         self.iteration = iteration
         metrics = {name: total / steps for name, total in sums.items()} if steps else {}
-        return {**metrics, **({"ratio_max": ratio_max} if steps else {}), "optimizer_steps": float(steps),
+        return {**metrics, **({"ratio_max": ratio_max} if steps else {}), **extra, "optimizer_steps": float(steps),
                 "update_decisions": float(len(decision_ids)), "rollout_log_prob_mean": rollout_log_prob,
                 "lr": float(self.optimizer.param_groups[0]["lr"]),
                 "update_s": time.perf_counter() - started}
+
+    def _minibatch_step(self, part: ActionChain, adv: torch.Tensor,
+                        targets: tuple[torch.Tensor, torch.Tensor] | None, rows: torch.Tensor) -> dict[str, Any]:
+        """One optimizer step on a minibatch (``rows`` of the round's kept decisions); its metrics as 0-D tensors."""
+        alg = self.cfg.algorithm
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.zero_grad()
+            log_prob, features = chain_log_prob(self.policy, part, features=True)
+        else:
+            log_prob = chain_log_prob(self.policy, part)
+        loss = ppo_clip_loss(log_prob, part.old_log_prob.to(log_prob.device), adv[rows],
+                             clip_ratio=alg.clip_ratio, dual_clip=alg.dual_clip)
+        total, metrics = loss.loss, dict(loss.metrics)
+        if self.critic is not None and targets is not None:
+            old_values, returns = targets
+            value = clipped_value_loss(self.critic.values(features), old_values[rows], returns[rows],
+                                       value_clip=alg.value_clip, huber_delta=alg.huber_delta)
+            total = total + value.loss  # disjoint parameters: the head's input is detached
+            metrics.update(value.metrics)
+        total.backward()
+        metrics["grad_norm"] = clip_grad_norm_(self.policy.transformer, self.cfg.actor.clip_grad)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.critic is not None:
+            metrics["value_grad_norm"] = self.critic.step()
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, step_dir: str, extra_files: dict[str, str] | None = None,
                         counters: dict[str, float] | None = None) -> str:
         """Collective: write ``step_dir`` (``.../global_step_<iteration>``) atomically with SFT's layout, the run's
-        counters (``counters``: episodes, env steps, ...) in ``trainer_state.json``."""
+        counters (``counters``: episodes, env steps, ...) in ``trainer_state.json``; PPO: the critic's state in
+        :data:`~rlinf_cosmos3.validation.rl.VALUE_HEAD_FILE` beside the model, written by the same atomic save."""
         expected = f"global_step_{self.iteration}"
         if Path(step_dir).name != expected:
             raise ValueError(f"asked to save iteration {self.iteration} into '{step_dir}', expected '{expected}'")
         self.counters = dict(counters or self.counters)
         state = TrainerState(global_step=self.iteration, consumed_samples=int(self.counters.get("episodes", 0)),
                              extra={RL_STATE_KEY: {"iteration": self.iteration, **self.counters}})
+        files = dict(extra_files or {})
+        if self.critic is not None:
+            files[VALUE_HEAD_FILE] = self.critic.to_text()
         path = save_checkpoint(Path(step_dir).parent, self.policy.transformer, self.optimizer, state, self.scheduler,
-                               self.ema, extra_files=extra_files)
+                               self.ema, extra_files=files)
         return str(path)
 
     def full_state(self) -> dict[str, Any]:
-        """The consolidated weights and the optimizer's state dict, on the CPU (tests; small models)."""
+        """The consolidated weights and the optimizer's state dict (PPO: and the critic's), on the CPU (tests; small
+        models)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -185,4 +255,17 @@ class FSDPRLWorker(Worker):
                 return [cpu(v) for v in value]
             return value
 
-        return {"weights": weights, "optimizer": cpu(self.optimizer.state_dict())}
+        state = {"weights": weights, "optimizer": cpu(self.optimizer.state_dict())}
+        if self.critic is not None:
+            state["critic"] = cpu(self.critic.state_dict())
+        return state
+
+
+def _rollout_value_metrics(values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    """The round's rollout values against their GAE returns, before the update: ``value_mean``, ``return_mean`` and
+    the explained variance ``1 - Var(R - V) / Var(R)`` (absent when the returns do not vary)."""
+    out = {"value_mean": float(values.double().mean()), "return_mean": float(returns.double().mean())}
+    var_returns = float(returns.double().var(unbiased=False))
+    if var_returns > 0:
+        out["explained_variance"] = 1.0 - float((returns - values).double().var(unbiased=False)) / var_returns
+    return out
