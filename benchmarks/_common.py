@@ -79,9 +79,10 @@ def device_slug(device: torch.device | str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cuda"
 
 
-def results_path(benchmark: str, tag: str, stamp_format: str = "%Y%m%d") -> Path:
-    """The default ``--out``: ``benchmarks/results/<benchmark>_<tag>_<now in stamp_format>.json``."""
-    return RESULTS_DIR / f"{benchmark}_{tag}_{dt.datetime.now().strftime(stamp_format)}.json"
+def results_path(benchmark: str, tag: str, stamp: str | None = None) -> Path:
+    """The default ``--out``: ``benchmarks/results/<benchmark>_<tag>_<stamp>.json``, stamp = today's date
+    (``20261205``) unless given."""
+    return RESULTS_DIR / f"{benchmark}_{tag}_{stamp or dt.datetime.now().strftime('%Y%m%d')}.json"
 
 
 # ---------------------------------------------------------------------------------------------- distributed

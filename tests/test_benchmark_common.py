@@ -96,5 +96,5 @@ def test_machine_description_and_result_names(common: ModuleType) -> None:
     assert path.parent == REPO / "benchmarks" / "results"
     assert path.name.startswith("sft_step_cpu_20") and path.suffix == ".json"
     assert len(path.stem) == len("sft_step_cpu_") + 8
-    stamped = common.results_path("serve_actions", "h200", "%Y%m%d_%H%M%S")
-    assert len(stamped.stem) == len("serve_actions_h200_") + 15
+    assert common.results_path("serve_actions", "h200", "20261129_101500").name == (
+        "serve_actions_h200_20261129_101500.json")

@@ -70,12 +70,10 @@ import gc
 import json
 import logging
 import os
-import platform
 import re
 import resource
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -92,8 +90,9 @@ import numpy as np
 import psutil
 import torch
 
-from rlinf_cosmos3.config.libero_suites import STATE_DIM
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 from rlinf_cosmos3.config.rollout import RolloutModelConfig, SGLangConfig
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON
 from rlinf_cosmos3.models.cosmos3.tiny import (
     count_parameters,
     get_preset,
@@ -110,10 +109,19 @@ from rlinf_cosmos3.workers.rollout.embedded import EmbeddedPolicyWorker
 from rlinf_cosmos3.workers.rollout.server_process import tagged_processes
 from rlinf_cosmos3.workers.rollout.sglang_group import SGLangServerGroup
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the scripts' shared _common
+from _common import (  # noqa: E402
+    Budget,
+    device_memory_gib,
+    device_name,
+    device_slug,
+    host_info,
+    results_path,
+    write_json,
+)
+
 logger = logging.getLogger("benchmarks.serve_actions")
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
-ACTION_HORIZON = 16
 VIEW_SIZE = 256
 PROMPT = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 """libero_spatial task 0 (LIBERO's ``task.language``)."""
@@ -199,45 +207,17 @@ class Report:
         self.data: dict[str, Any] = {}
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
-        os.replace(tmp, self.path)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, np.generic | np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
-
-
-class Budget:
-    """Wall-clock budget of the run and of its phases; ``inf`` when none was given."""
-
-    def __init__(self, total_s: float | None) -> None:
-        self.start = time.monotonic()
-        self.end = self.start + total_s if total_s else float("inf")
-
-    def phase_end(self, share: float) -> float:
-        """Deadline of a phase that may use ``share`` of the time left now."""
-        now = time.monotonic()
-        return self.end if self.end == float("inf") else now + share * max(0.0, self.end - now)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        write_json(self.path, self.data)
 
 
 def machine(device: str) -> dict[str, Any]:
     import diffusers
 
-    info: dict[str, Any] = {"host": socket.gethostname(), "cpu_count": os.cpu_count(),
-                            "platform": platform.platform(), "python": sys.version.split()[0],
-                            "torch": torch.__version__, "diffusers": diffusers.__version__, "device": device}
+    info: dict[str, Any] = {**host_info(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+                            "device": device}
     if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), gpu_index=physical_gpu())
+        gpu = torch.device("cuda", 0)
+        info.update(gpu=device_name(gpu), gpu_memory_gib=round(device_memory_gib(gpu), 1), gpu_index=physical_gpu())
     return info
 
 
@@ -248,12 +228,6 @@ def sglang_version(python: Path) -> str | None:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def device_slug(device: str) -> str:
-    if device != "cuda":
-        return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -358,7 +332,7 @@ def check_actions(adapter: Cosmos3ActionAdapter, request: Request, output: np.nd
         actions = adapter.parse_response(output, request.group)
     except ValueError as err:
         return f"error: {err}"
-    return "ok" if actions.shape == (request.batch, ACTION_HORIZON, 7) else f"error: shape {actions.shape}"
+    return "ok" if actions.shape == (request.batch, ACTION_HORIZON, ACTION_DIM) else f"error: shape {actions.shape}"
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -490,24 +464,10 @@ def embedded_memory(gpu: str | None, baseline_mib: float | None) -> dict[str, An
     return summary
 
 
-def time_calls(call: Callable[[Request], np.ndarray], requests: list[Request], warmup: int,
-               repeats: int) -> tuple[list[float], list[float], np.ndarray]:
-    """Warm-up and timed latencies, one request after another (``call`` returns host arrays, so the
-    device has finished)."""
-    warm: list[float] = []
-    timed: list[float] = []
-    out: np.ndarray | None = None
-    for i, request in enumerate(requests[:warmup + repeats]):
-        start = time.perf_counter()
-        out = call(request)
-        (warm if i < warmup else timed).append(time.perf_counter() - start)
-    assert out is not None
-    return warm, timed, out
-
-
 async def time_requests(call: Callable[[Request], Awaitable[np.ndarray]], requests: list[Request], warmup: int,
                         repeats: int) -> tuple[list[float], list[float], np.ndarray]:
-    """:func:`time_calls` for a coroutine (the SGLang client)."""
+    """Warm-up and timed latencies, one request after another (``call`` returns host arrays, so the
+    device has finished)."""
     warm: list[float] = []
     timed: list[float] = []
     out: np.ndarray | None = None
@@ -517,6 +477,15 @@ async def time_requests(call: Callable[[Request], Awaitable[np.ndarray]], reques
         (warm if i < warmup else timed).append(time.perf_counter() - start)
     assert out is not None
     return warm, timed, out
+
+
+def time_calls(call: Callable[[Request], np.ndarray], requests: list[Request], warmup: int,
+               repeats: int) -> tuple[list[float], list[float], np.ndarray]:
+    """:func:`time_requests` for a plain function (the embedded pipeline)."""
+    async def call_async(request: Request) -> np.ndarray:
+        return call(request)
+
+    return asyncio.run(time_requests(call_async, requests, warmup, repeats))
 
 
 def predicted_s(rows: list[dict[str, Any]], batch: int, calls: int) -> float:
@@ -719,17 +688,43 @@ def server_log_notes(log_path: Path | None, limit: int = 40) -> dict[str, Any]:
     return {"server_args": args, "notes": notes}
 
 
-def start_phase(ctx: Context, backend: str, share: float) -> tuple[dict[str, Any], float | None]:
-    """The phase's result record and deadline; no deadline when too little time is left to start it."""
+def start_phase(ctx: Context, backend: str) -> tuple[dict[str, Any], float | None]:
+    """The phase's result record and deadline (``--sglang-share`` of the time left, all of it for the last
+    phase); no deadline when too little time is left to start it."""
     result: dict[str, Any] = {"status": "running", "batches": [], "skipped": []}
     ctx.report.data[backend] = result
-    deadline = ctx.budget.phase_end(share)
+    last = ctx.phases.index(backend) == len(ctx.phases) - 1
+    deadline = ctx.budget.phase_end(1.0 if last else ctx.args.sglang_share)
     if deadline - time.monotonic() < MIN_PHASE_S:
         result.update(status="skipped", error=f"time budget: {max(0.0, deadline - time.monotonic()):.0f} s left")
         logger.warning("%s phase skipped: %s", backend, result["error"])
         ctx.report.save()
         return result, None
     return result, deadline
+
+
+Served = tuple[list[float], list[float], np.ndarray, dict[str, Any]]
+"""One batch size served: warm-up and timed latencies, the last output, the memory summary."""
+
+
+def measure_batches(ctx: Context, backend: str, result: dict[str, Any], calls: int, deadline: float,
+                    serve: Callable[[list[Request]], Served]) -> None:
+    """Every batch size in turn while its predicted time (``calls`` requests) fits the phase: a row in
+    ``result["batches"]``, the JSON saved after each; the first that does not fit is skipped with all
+    larger ones."""
+    for batch in ctx.args.batch_sizes:
+        ok, why = fits(result["batches"], batch, calls, deadline)
+        if not ok:
+            skipped = [b for b in ctx.args.batch_sizes if b >= batch]
+            logger.warning("%s: skipping batch sizes %s (%s)", backend, skipped, why)
+            result["skipped"] = [{"batch": b, "reason": why} for b in skipped]
+            return
+        requests = ctx.requests[batch]
+        warm, timed, out, memory = serve(requests)
+        row = batch_row(batch, warm, timed, memory, check_actions(ctx.adapter, requests[0], out))
+        result["batches"].append(row)
+        log_row(backend, row)
+        ctx.report.save()
 
 
 async def serve_batch(group: SGLangServerGroup, requests: list[Request], warmup: int, repeats: int,
@@ -745,8 +740,7 @@ async def serve_batch(group: SGLangServerGroup, requests: list[Request], warmup:
 def run_sglang(ctx: Context) -> dict[str, Any]:
     """Start one server, measure every batch size that fits, stop it and check nothing is left."""
     args = ctx.args
-    later = ctx.phases[ctx.phases.index("sglang") + 1:]
-    result, deadline = start_phase(ctx, "sglang", args.sglang_share if later else 1.0)
+    result, deadline = start_phase(ctx, "sglang")
     if deadline is None:
         return result
     cfg = SGLangConfig(
@@ -772,21 +766,13 @@ def run_sglang(ctx: Context) -> dict[str, Any]:
             logger.info("sglang server up in %.1f s at %s", result["startup_s"], group.urls[0])
             ctx.report.save()
             pids = server_pids(group)
-            for batch in args.batch_sizes:
-                ok, why = fits(result["batches"], batch, args.warmup + args.repeats, deadline)
-                if not ok:
-                    skipped = [b for b in args.batch_sizes if b >= batch]
-                    logger.warning("sglang: skipping batch sizes %s (%s)", skipped, why)
-                    result["skipped"] = [{"batch": b, "reason": why} for b in skipped]
-                    break
-                requests = ctx.requests[batch]
+
+            def serve(requests: list[Request]) -> Served:
                 memory = PeakMemory(ctx.gpu, pids)
                 warm, timed, out = runner.run(serve_batch(group, requests, args.warmup, args.repeats, memory))
-                row = batch_row(batch, warm, timed, memory.summary(result["gpu_used_mib_before_launch"]),
-                                check_actions(ctx.adapter, requests[0], out))
-                result["batches"].append(row)
-                log_row("sglang", row)
-                ctx.report.save()
+                return warm, timed, out, memory.summary(result["gpu_used_mib_before_launch"])
+
+            measure_batches(ctx, "sglang", result, args.warmup + args.repeats, deadline, serve)
         result["status"] = "ok"
     except Exception as err:
         logger.exception("sglang phase failed")
@@ -825,8 +811,7 @@ class LocalEmbeddedWorker(EmbeddedPolicyWorker):
 def run_embedded(ctx: Context) -> dict[str, Any]:
     """Load the pipeline, count FLOPs, warm up once, then measure every batch size that fits."""
     args = ctx.args
-    later = ctx.phases[ctx.phases.index("embedded") + 1:]
-    result, deadline = start_phase(ctx, "embedded", args.sglang_share if later else 1.0)
+    result, deadline = start_phase(ctx, "embedded")
     if deadline is None:
         return result
     cuda = args.device == "cuda"
@@ -849,22 +834,14 @@ def run_embedded(ctx: Context) -> dict[str, Any]:
             ctx.report.save()
         generate = partial(_generate, worker)
         result["warmup_s"], _, _ = time_calls(generate, ctx.requests[args.batch_sizes[0]], 1, 0)
-        for batch in args.batch_sizes:
-            ok, why = fits(result["batches"], batch, args.embedded_repeats, deadline)
-            if not ok:
-                skipped = [b for b in args.batch_sizes if b >= batch]
-                logger.warning("embedded: skipping batch sizes %s (%s)", skipped, why)
-                result["skipped"] = [{"batch": b, "reason": why} for b in skipped]
-                break
-            requests = ctx.requests[batch]
+
+        def serve(requests: list[Request]) -> Served:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            _, timed, out = time_calls(generate, requests, 0, args.embedded_repeats)
-            row = batch_row(batch, [], timed, embedded_memory(ctx.gpu, result["gpu_used_mib_before_load"]),
-                            check_actions(ctx.adapter, requests[0], out))
-            result["batches"].append(row)
-            log_row("embedded", row)
-            ctx.report.save()
+            warm, timed, out = time_calls(generate, requests, 0, args.embedded_repeats)
+            return warm, timed, out, embedded_memory(ctx.gpu, result["gpu_used_mib_before_load"])
+
+        measure_batches(ctx, "embedded", result, args.embedded_repeats, deadline, serve)
         result["status"] = "ok"
     except Exception as err:
         logger.exception("embedded phase failed")
@@ -973,11 +950,11 @@ def main(argv: list[str] | None = None) -> int:
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.disable_progress_bar()
-    budget = Budget(args.time_budget_s)
+    budget = Budget(args.time_budget_s or None)  # 0: no budget, as before
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="serve_actions_"))).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d_%H%M%S")
-    out = args.out or RESULTS_DIR / f"serve_actions_{device_slug(args.device)}_{stamp}.json"
+    out = args.out or results_path("serve_actions", device_slug(args.device), stamp)
     report = Report(out.resolve())
     data = report.data
     data.update(out=report.path, command=sys.argv, args=vars(args), machine=machine(args.device),
