@@ -253,6 +253,15 @@ def test_memory_model_and_nano_default_layers(bench: ModuleType, tmp_path: Path)
     assert peak("ac+nopack+mb32") < peak("ac+pack+mb32")  # one layer of the whole pack is recomputed at once
     assert peak("pack+mb16") == peak("nopack+mb16")  # without checkpointing packing keeps the same activations
 
+    # The figures docs/benchmarks.md ("The SFT step's memory model") gives, in GiB.
+    def gib(name: str, layers: int = 22) -> float:
+        return round(bench.estimate_peak_bytes(counts, layers, layout, bench.parse_variant(name), 2, 2) / bench.GIB, 1)
+
+    assert [gib(v) for v in ("compile+noreshard+nopack+mb4", "compile+noreshard+pack+mb4", "pack+mb16", "nopack+mb16",
+                             "pack+mb32", "ac+nopack+mb32", "ac+pack+mb32")] == [114.4, 114.4, 124.9, 124.9, 158.2, 95.7, 98.5]
+    assert gib("ac+pack+mb4", layers=36) == 143.0
+    assert (counts.root_params, counts.root_trainable) == (1_280_993_472, 36_329_664)
+
 
 def test_weights_dir_cuts_layers_and_writes_loadable_weights(bench: ModuleType, tmp_path: Path) -> None:
     """A directory of the asked depth is used as it is; another depth gets a copy with random weights that

@@ -25,26 +25,10 @@ tokenizer) + vision (5 latent frames x 6 x 10 patches = 300: 60 clean, 240 noisy
 A step is ``--global-batch`` samples (``actor.global_batch_size`` on this one rank) in micro-batches of
 the variant's size; packed, a micro-batch is one transformer call (up to ``max_tokens_per_pack``).
 
-Memory model (``est GiB``; ``--layers auto`` picks the most layers that fit ``--memory-target-gib``
-for every variant; Nano width, B = micro-batch, S = 424 tokens, H = 4096):
-
-* parameters: 385.9M per decoder layer (two towers of 192.9M); root 1281M. Recipe-trainable: 192.9M
-  per layer (the generation tower) + 36.3M in the root;
-* resident: fp32 parameter (4 B) for every parameter, fp32 gradient and two fp32 AdamW moments (12 B)
-  for every trainable one: 3.59 GiB per layer, root 5.2 GiB, VAE 1.3 GiB (bf16); ``ema``: +4 B per
-  trainable parameter (0.72 GiB per layer);
-* transient: the root's bf16 gathered copy 2.4 GiB; two gathered layers 1.4 GiB, or all L (0.72 GiB
-  each) with ``noreshard``; one layer's bf16 + fp32 reduce gradients 1.1 GiB; foreach AdamW's
-  ``sqrt(v)`` temporary, 4 B per trainable parameter, which fused AdamW does not allocate;
-* activations of all B samples of a micro-batch live until its one backward, packed or not:
-  ~57 B per hidden unit, token and layer in bf16 (measured with saved-tensor hooks), 0.093 GiB per
-  layer and sample; with ``ac`` only the layer inputs (2 B x H x S) plus one layer recomputed in
-  backward (for one call: one sample, or the whole pack).
-
-At 22 layers (bf16): ``compile+noreshard`` 114.4 GiB at B = 4; 124.9 at B = 16 (reshard on); B = 32
-needs ``ac`` (eager: 158 GiB; ``ac``: 95.7 per sample, 98.5 packed). ``--layers 22``, the default, is
-the most at which every default variant fits 130 GiB of an H200's ~140; all 36 layers need 143 GiB
-even at B = 4 with ``ac``. Per-layer work is identical, so time and memory scale linearly with L.
+The memory model (``est GiB`` in the table; ``--layers auto`` picks the most layers whose estimate fits
+``--memory-target-gib`` for every variant) is :func:`estimate_peak_bytes`; docs/benchmarks.md ("The SFT
+step's memory model") explains its terms and gives its figures at Nano width, among them why
+``--layers 22`` is the default. Per-layer work is identical, so time and memory scale linearly with L.
 
 Variants (``--variants``, comma-separated, each on a freshly built model, side by side: warm-up
 steps, then the median of ``--steps``): a ``+``-joined list of ``fused`` (default) / ``foreach``
@@ -119,7 +103,7 @@ RECIPE_DIR = REPO / "examples" / "sft" / "config"
 RECIPE = "libero_sft_cosmos3"
 
 NANO_DEFAULT_LAYERS = 22
-"""Most layers at which every default variant's estimated peak fits the memory target (docstring)."""
+"""Most layers at which every default variant's estimated peak fits the memory target (docs/benchmarks.md)."""
 DEFAULT_VARIANTS = (
     "compile+noreshard+nopack+mb4,compile+noreshard+pack+mb4,ac+nopack+mb32,ac+pack+mb32,nopack+mb16,pack+mb16"
 )
@@ -312,7 +296,23 @@ class ModelCounts:
 def estimate_peak_bytes(
     counts: ModelCounts, layers: int, layout: Layout, variant: Variant, compute_bytes: int, vae_bytes: int
 ) -> float:
-    """Peak allocated bytes of a training step (the model of the module docstring)."""
+    """Peak allocated bytes of a training step on one rank: resident state + gathered copies + reduce
+    gradients + activations (+ recompute, foreach temporary, allocator slack).
+
+    * resident: an fp32 copy of every parameter (4 B), fp32 gradient and two AdamW moments (12 B) of every
+      trainable one, the VAE at ``vae_bytes``; ``ema``: 4 B more per trainable parameter;
+    * gathered in ``compute_bytes``: the root, and two layers (``1 + prefetch`` with prefetch), or all of
+      them without resharding after forward;
+    * one layer's and the root's trainable gradients in ``compute_bytes`` + fp32 while they are reduced;
+    * activations: every sample of a micro-batch is held until its one backward, packed or not,
+      :data:`ACT_BYTES_PER_HIDDEN_TOKEN_BF16` per hidden unit, token and layer (twice that in fp32), plus
+      the root's :data:`ROOT_ACT_BYTES_PER_HIDDEN_TOKEN_BF16`; with ``ac`` only each layer's input
+      (``compute_bytes`` x hidden x tokens) plus one layer recomputed in backward for one transformer
+      call (one sample, or the whole pack);
+    * ``foreach`` AdamW's ``sqrt(v)`` temporary, 4 B per trainable parameter (fused AdamW has none).
+
+    Its figures at Nano width are in docs/benchmarks.md ("The SFT step's memory model").
+    """
     params, trainable = counts.total(layers), counts.trainable(layers)
     resident = 4 * params + 12 * trainable + vae_bytes * counts.vae_params
     resident += 4 * trainable if variant.ema else 0
