@@ -37,10 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
 import logging
-import os
-import platform
 import socket
 import sys
 import tempfile
@@ -54,6 +51,8 @@ import numpy as np
 from rlinf_cosmos3.cluster import Cluster
 from rlinf_cosmos3.config.cluster import ClusterConfig
 from rlinf_cosmos3.config.eval import EvalConfig
+from rlinf_cosmos3.config.libero_suites import ACTION_DIM, NOOP_ACTION, NUM_SETTLE_STEPS
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON
 from rlinf_cosmos3.runners.eval_runner import PipelinedEvalRunner
 from rlinf_cosmos3.runners.eval_summary import EvalSummary
 from rlinf_cosmos3.validation.eval import load_eval_config
@@ -64,12 +63,13 @@ from rlinf_cosmos3.workers.rollout.adapter import Cosmos3ActionAdapter
 from rlinf_cosmos3.workers.rollout.backend import RolloutBackend
 from rlinf_cosmos3.workers.rollout.factory import make_backend
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the scripts' shared _common
+from _common import host_info, results_path, write_json  # noqa: E402
+
 logger = logging.getLogger("benchmarks.eval_throughput")
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-ACTION_HORIZON = 16
-# A chunk that keeps the arm still with the gripper open (LIBERO: -1 = open).
-NOOP_ACTION = np.asarray([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
+# A command that keeps the arm still with the gripper open (the library's no-op), for the sim-only chunks.
+NOOP_COMMAND = np.asarray(NOOP_ACTION, dtype=np.float32)
 
 
 @dataclass
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=1, help="W: env worker actors")
     p.add_argument("--steps", type=int, default=42,
                    help="episode step cap, settle steps included (42 = 10 settle + 2 chunks of 16)")
-    p.add_argument("--settle-steps", type=int, default=10)
+    p.add_argument("--settle-steps", type=int, default=NUM_SETTLE_STEPS)
     p.add_argument("--no-serial-replay", dest="serial_replay", action="store_false",
                    help="skip the serial row's inference-only replay (one request per env and chunk: the "
                         "longest replay; only the serial row's own bound needs it)")
@@ -225,7 +225,7 @@ async def _sim_only_loop(actor: Any, settle_steps: int) -> _LoopStats:
         steps += sum(r.steps for r in out.results)
         if out.done or out.num_envs == 0:
             return _LoopStats(steps, chunks, first_end, len(first[SLOT_IDS]) * settle_steps, first)
-        actions = np.broadcast_to(NOOP_ACTION, (out.num_envs, ACTION_HORIZON, 7)).copy()
+        actions = np.broadcast_to(NOOP_COMMAND, (out.num_envs, ACTION_HORIZON, ACTION_DIM)).copy()
         chunks += 1
         out = await actor.chunk_step.remote(0, actions, out.obs[SLOT_IDS])
 
@@ -350,8 +350,7 @@ def run_pipelined(cfg: EvalConfig, cluster: Cluster, backend: RolloutBackend, ru
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"host": socket.gethostname(), "cpu_count": os.cpu_count(),
-                            "platform": platform.platform(), "python": sys.version.split()[0]}
+    info = host_info()
     try:
         import torch
 
@@ -436,15 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         eval_config(args, s, b, work / "runs")
     logger.info("work dir %s; configurations (S, B): %s", work, [(s, b) for s, b, _ in configs])
 
-    stamp = dt.datetime.now().strftime("%Y%m%d")
-    out = args.out or RESULTS_DIR / f"eval_throughput_{socket.gethostname()}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out or results_path("eval_throughput", socket.gethostname())
     partial = out.with_name(out.stem + ".partial.json")
 
     def save_partial() -> None:
         """Rows measured so far, so a run cut short (a device time limit) still leaves its numbers."""
         sim_fields = {k: getattr(sim, k) for k in ("wall_time_s", "env_steps", "steady_time_s", "steady_env_steps")}
-        partial.write_text(json.dumps({"sim_only": sim_fields, "rows": [asdict(r) for r in rows]}, indent=2))
+        write_json(partial, {"sim_only": sim_fields, "rows": [asdict(r) for r in rows]})
 
     started = time.time()
     rows: list[Row] = []
@@ -514,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [{**asdict(r), **d} for r, d in zip(rows, derived, strict=True)],
         "table": text,
     }
-    out.write_text(json.dumps(report, indent=2))
+    write_json(out, report)
     partial.unlink(missing_ok=True)
     logger.info("results: %s", out)
     return 0

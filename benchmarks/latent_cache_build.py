@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +41,9 @@ from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasSamples
 from rlinf_cosmos3.models.cosmos3.configuration import sft_vae_dtype
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
 from rlinf_cosmos3.models.cosmos3.processor import PolicyProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the scripts' shared _common
+from _common import device_name, write_json  # noqa: E402
 
 READER_BATCH = 8
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = LiberoLeRobotDataset(LiberoDataConfig(root=args.data, stats_path=args.stats, complete_chunks_only=False))
     samples = min(args.samples, len(reader))
     policy = Cosmos3Policy.from_pretrained(args.model, device=device, vae_dtype=sft_vae_dtype(device.type == "cuda"))
-    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
+    doc: dict[str, Any] = {"device": device_name(device),
                            "host_cores": os.cpu_count(), "cpu_threads": torch.get_num_threads(), "samples": samples,
                            "vae_dtype": str(policy.vae.dtype), "reader": {}, "canvas": {}, "vae": {}, "build": {}}
 
@@ -143,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                     doc["build"][f"{name}_workers_{workers}_vae_batch_{size}"] = rate
                     print(f"build, {name}, {workers} workers, VAE batch {size}: {rate:.1f} samples/s", flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.out, doc, indent=1)
         print(f"wrote {args.out}")
     return 0
 

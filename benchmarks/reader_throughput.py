@@ -19,12 +19,16 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the scripts' shared _common
+from _common import write_json  # noqa: E402
 
 WARMUP = 5
 
@@ -74,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['samples_per_cpu_s']:>14.1f} {row['cpu_ms_per_sample']:>14.1f}  {row['root']}")
     print(f"(load average at the end: {load:.1f} on {os.cpu_count()} cores)")
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": platform.node(), "cores": os.cpu_count(), "load_average_end": load,
-                                        "num_workers": 0, "round": args.round, "rows": rows}, indent=2))
+        write_json(args.out, {"machine": platform.node(), "cores": os.cpu_count(), "load_average_end": load,
+                              "num_workers": 0, "round": args.round, "rows": rows})
     return 0
 
 

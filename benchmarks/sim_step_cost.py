@@ -16,16 +16,21 @@ import json
 import logging
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from rlinf_cosmos3.config.libero_suites import NOOP_ACTION, NUM_SETTLE_STEPS
+from rlinf_cosmos3.models.cosmos3.domains import ACTION_HORIZON
 from rlinf_cosmos3.sim.client import LiberoSimProcess, recv_all, send_all
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the scripts' shared _common
+from _common import write_json  # noqa: E402
+
 logger = logging.getLogger("benchmarks.sim_step_cost")
-ACTION_HORIZON = 16
-NOOP = np.asarray([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # arm still, gripper open
+NOOP = np.asarray(NOOP_ACTION, dtype=np.float64)  # arm still, gripper open
 
 
 def _timed(procs: list[LiberoSimProcess], cmd: str, **fields: object) -> float:
@@ -66,15 +71,14 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=2)
     p.add_argument("--suite", default="libero_spatial")
     p.add_argument("--rounds", type=int, default=3, help="timed chunk rounds; the first counts as cold")
-    p.add_argument("--settle-steps", type=int, default=10)
+    p.add_argument("--settle-steps", type=int, default=NUM_SETTLE_STEPS)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result = measure(args.num_envs, args.suite, args.rounds, args.settle_steps)
-    text = json.dumps(result, indent=1)
     if args.out is not None:
-        args.out.write_text(text)
-    logger.info("%s", text)
+        write_json(args.out, result, indent=1)
+    logger.info("%s", json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
