@@ -100,9 +100,12 @@ class FSDPRLWorker(Worker):
             state = load_checkpoint(resume_dir, self.policy.transformer, self.optimizer, self.scheduler, self.ema)
             self.iteration = state.global_step
             self.counters = dict(state.extra[RL_STATE_KEY])
-            self.logger.info("resumed at iteration %d (%s)", self.iteration, self.counters)
+            self.logger.info("resumed at iteration %d (%s)%s", self.iteration, self.counters,
+                             " with its value head" if self.critic is not None else "")
+        value_params = sum(p.numel() for p in self.critic.head.parameters()) if self.critic is not None else 0
         return {"iteration": self.iteration, "counters": self.counters, "trainable_params": selection.n_trainable,
-                "total_params": selection.n_trainable + selection.n_frozen, "device": str(self.device)}
+                "total_params": selection.n_trainable + selection.n_frozen, "value_head_params": value_params,
+                "device": str(self.device)}
 
     # ------------------------------------------------------------------ rollouts
 
