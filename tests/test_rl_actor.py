@@ -8,7 +8,9 @@ give GRPO no signal). The observations are random images; everything else is the
 * the first minibatch of an update sees ratio 1 (the weights the rollout sampled with);
 * PPO end to end on the rank: the values the sampler returns -> GAE over a hand-made pair of episodes (one success,
   one cut at the cap) -> the update's clipped value loss, whose first minibatch is the Huber error of those values
-  against the returns; the value head is saved beside the model, not in the weights the converter reads.
+  against the returns; the value head is saved beside the model, not in the weights the converter reads;
+* the KL term (``algorithm.kl_coef > 0``): the reference log-probs are those of a rank freshly loaded from the
+  model directory, the swap leaves the trained weights bit for bit, and a resumed rank keeps the same reference.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import OmegaConf
 from rlinf_cosmos3.checkpoint import is_complete_checkpoint
 from rlinf_cosmos3.components.optim import named_parameters_clean
 from rlinf_cosmos3.config.rl import GENERATION_TOWER_KEYS, register_hydra_schema
+from rlinf_cosmos3.rl.action_chain import cat_chains, chain_log_prob
 from rlinf_cosmos3.rl.rollout_sampler import decision_seed
 from rlinf_cosmos3.rl.rounds import ppo_decisions
 from rlinf_cosmos3.validation.rl import VALUE_HEAD_FILE
@@ -147,19 +150,21 @@ def _assert_equal_states(a: Any, b: Any, where: str = "") -> None:
         assert a == b, where
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "grpo_kl"])
 def test_resume_is_bit_identical(tiny_model_and_stats, tmp_path: Path, algorithm: str) -> None:
     """2 iterations straight == 1 iteration, checkpoint, a fresh rank resumed from it, 1 iteration: weights and
-    AdamW state bit for bit (CPU; PPO: the value head and its AdamW state too), and the second iteration's metrics."""
-    straight = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", f"algorithm.name={algorithm}")
+    AdamW state bit for bit (CPU; PPO: the value head and its AdamW state too; with the KL term: the same reference,
+    the model directory's weights, not the checkpoint's), and the second iteration's metrics."""
+    options = {"grpo": ["algorithm.name=grpo"], "ppo": ["algorithm.name=ppo"],
+               "grpo_kl": ["algorithm.name=grpo", "algorithm.kl_coef=0.05"]}[algorithm]
+    straight = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", *options)
     first = iteration(straight, 1)
     step = Path(straight.save_checkpoint(str(tmp_path / "global_step_1"), counters={"episodes": 4.0}))
     assert is_complete_checkpoint(step)
     second = iteration(straight, 2)
     assert first["optimizer_steps"] == second["optimizer_steps"] == 4
 
-    resumed = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", f"algorithm.name={algorithm}",
-                          resume_dir=step)
+    resumed = make_worker(tiny_model_and_stats, f"runner.log_path={tmp_path}", *options, resume_dir=step)
     assert resumed.iteration == 1 and resumed.counters["episodes"] == 4.0
     again = iteration(resumed, 2)
     again.pop("update_s"), second.pop("update_s")
@@ -170,6 +175,8 @@ def test_resume_is_bit_identical(tiny_model_and_stats, tmp_path: Path, algorithm
     if algorithm == "ppo":
         assert straight.full_state()["critic"]["optimizer"]["state"], "the critic's AdamW holds state"
         assert again["value_loss"] > 0
+    if algorithm == "grpo_kl":
+        assert again["kl_ref"] > 0  # iteration 2 samples with trained weights: away from the reference
 
 
 def test_ppo_values_gae_and_the_value_loss_on_the_rank(tiny_model_and_stats, tmp_path: Path) -> None:
@@ -205,3 +212,27 @@ def test_ppo_values_gae_and_the_value_loss_on_the_rank(tiny_model_and_stats, tmp
     assert weights.keys() == worker.policy.transformer.state_dict().keys()
     with pytest.raises(ValueError, match="returns are PPO's value targets"):
         worker.update([], [], 2)
+
+
+def test_kl_reference_is_the_start_policy(tiny_model_and_stats) -> None:
+    """With ``algorithm.kl_coef > 0``: after an update has moved the weights, the reference log-probs of a new
+    round's decisions equal those of a rank freshly loaded from the model directory, computing them leaves the
+    trained weights bit for bit, and the update logs a positive KL to the reference (0 on the first round)."""
+    worker = make_worker(tiny_model_and_stats, "algorithm.kl_coef=0.1", "algorithm.update_epochs=1",
+                         "algorithm.minibatch_size=4")
+    first = iteration(worker, 1)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-5)  # the round was sampled with the start weights
+    sample_round(worker, 2)
+    chain = cat_chains(worker._chains)
+    trained = {k: v.clone() for k, v in worker.policy.transformer.state_dict().items()}
+    with torch.no_grad():
+        reference = worker._reference_log_probs(chain)
+        current = chain_log_prob(worker.policy, chain)
+    assert all(torch.equal(trained[k], v) for k, v in worker.policy.transformer.state_dict().items())
+    fresh = make_worker(tiny_model_and_stats)
+    with torch.no_grad():
+        expected = chain_log_prob(fresh.policy, chain)
+    torch.testing.assert_close(reference, expected, rtol=0, atol=1e-5)
+    assert float((reference - current).abs().max()) > 1e-3, "the update did not move the policy away"
+    second = worker.update([0, 1, 2, 3], ADVANTAGES, 2)
+    assert second["kl_ref"] > 0

@@ -48,7 +48,7 @@ def _run(inputs, tmp_path: Path, *extra: str) -> str:
 @pytest.mark.parametrize(("extra", "field", "words"), [
     (["algorithm.group_size=3"], "rollout.num_envs", "groups of algorithm.group_size=3"),
     (["algorithm.name=reinforce"], "algorithm.name", "unknown algorithm 'reinforce'"),
-    (["algorithm.kl_coef=0.1"], "algorithm.kl_coef", "reference policy"),
+    (["algorithm.kl_coef=-0.1"], "algorithm.kl_coef", "must be >= 0"),
     (["rollout.num_envs=3", "algorithm.group_size=3", "env.pipeline_stage_num=2"], "rollout.num_envs",
      "env.pipeline_stage_num=2"),
     (["rollout.executed_steps=17"], "rollout.executed_steps", "exceeds the model's chunk of 16"),

@@ -77,7 +77,8 @@ class RLAlgorithmConfig:
     minibatch_size: int = 128
     """Decisions per optimizer step; an iteration's decisions are shuffled into minibatches of this size."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL toward the starting (SFT) policy; 0 (RLinf's ``kl_beta``): no reference model."""
+    """Weight of the k3 KL toward the starting policy (``rollout.model.model_path``'s weights, the trainable part kept
+    on the host: :mod:`rlinf_cosmos3.rl.reference`); 0 (RLinf's ``kl_beta`` in its LIBERO recipes): no reference."""
     advantage_eps: float = 1e-6
     """Added to the group's std in GRPO (RLinf's 1e-6)."""
     gamma: float = 0.99

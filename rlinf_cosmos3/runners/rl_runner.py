@@ -144,10 +144,11 @@ class RLRunner:
                 info = actors.call("setup", cfg.runner.resume_dir)[0]
                 start = int(info["iteration"])
                 counters = {name: float(info["counters"].get(name, 0)) for name in COUNTERS}
-                critic = info["value_head_params"]
-                logger.info("actor ready on %s: %s trainable (actor.trainable=%s) / %s parameters%s%s", info["device"],
+                critic, reference = info["value_head_params"], info["reference_params"]
+                logger.info("actor ready on %s: %s trainable (actor.trainable=%s) / %s parameters%s%s%s", info["device"],
                             f"{info['trainable_params']:,}", cfg.actor.trainable, f"{info['total_params']:,}",
                             f", value head {critic:,} parameters" if critic else "",
+                            f", KL reference: {reference:,} start weights on the host" if reference else "",
                             f"; resumed at iteration {start}" if start else "")
                 if start >= cfg.runner.max_iterations:
                     logger.info("nothing to do: already at iteration %d >= runner.max_iterations", start)

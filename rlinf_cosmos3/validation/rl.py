@@ -41,10 +41,6 @@ def load_rl_config(raw: Any, *, check_gpus: bool = True) -> RLConfig:
 def validate_rl_config(cfg: RLConfig, *, check_gpus: bool = True) -> None:
     """All rules of an RL run, values first, then what is on disk; raises :class:`ConfigError` on the first."""
     cfg.validate()
-    alg = cfg.algorithm
-    require(alg.kl_coef == 0.0, "algorithm.kl_coef",
-            f"{alg.kl_coef}: the KL term needs a reference policy, which the runner does not hold yet",
-            "use algorithm.kl_coef=0 (RLinf's LIBERO recipes)")
     model = cfg.rollout.model
     require(cfg.rollout.executed_steps <= model.num_action_chunks, "rollout.executed_steps",
             f"{cfg.rollout.executed_steps} exceeds the model's chunk of {model.num_action_chunks} steps",

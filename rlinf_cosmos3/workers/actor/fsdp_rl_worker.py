@@ -14,6 +14,10 @@ loss's clip reference; the driver computes GAE from those values and hands the r
 minibatches add the clipped value loss, computed from the pooled features of the same forward that recomputes the
 log-probs. The critic's weights and AdamW state are saved in the checkpoint beside, not inside, the model.
 
+The KL term (``algorithm.kl_coef > 0``) pulls toward the start policy: :class:`~rlinf_cosmos3.rl.reference.
+ReferenceWeights` keeps the trainable part as loaded from ``rollout.model.model_path`` (before a resume overwrites it)
+on the host; each update first swaps it in once for every kept decision's reference log-prob.
+
 Model loading, FSDP2, AdamW and checkpoints are SFT's (:mod:`rlinf_cosmos3.components.sft_trainer`,
 :mod:`rlinf_cosmos3.checkpoint`), fed the RL run as an SFT config (:func:`~rlinf_cosmos3.config.rl.sft_view`), so
 an RL checkpoint has the SFT layout and converts with ``toolkits/cosmos3/convert_checkpoint.py`` the same way.
@@ -43,6 +47,7 @@ from rlinf_cosmos3.config.rl import RLConfig, sft_view
 from rlinf_cosmos3.rl.action_chain import ActionChain, cat_chains, chain_log_prob, select_rows
 from rlinf_cosmos3.rl.critic import Critic
 from rlinf_cosmos3.rl.ppo_loss import ppo_clip_loss
+from rlinf_cosmos3.rl.reference import ReferenceWeights
 from rlinf_cosmos3.rl.rollout_sampler import RolloutSampler, SamplerSettings, decision_seed
 from rlinf_cosmos3.rl.value_head import clipped_value_loss
 from rlinf_cosmos3.validation.rl import RL_STATE_KEY, VALUE_HEAD_FILE, load_rl_config
@@ -72,6 +77,7 @@ class FSDPRLWorker(Worker):
         """PPO: each sampling call's rollout values (the value loss's clip reference), beside ``_chains``."""
         self._num_decisions = 0
         self.critic: Critic | None = None
+        self.reference: ReferenceWeights | None = None
 
     def setup(self, resume_dir: str | None = None) -> dict[str, Any]:
         """Build the policy (SFT's loader and FSDP2 wrapping, ``actor.trainable`` selected), AdamW, the sampler;
@@ -79,6 +85,8 @@ class FSDPRLWorker(Worker):
         cfg, view = self.cfg, sft_view(self.cfg)
         torch.manual_seed(cfg.runner.seed + self.rank)
         self.policy, selection = build_sft_policy(view, self.device, self.world_size)
+        if cfg.algorithm.kl_coef > 0:  # the start weights, before a resume loads the checkpoint's
+            self.reference = ReferenceWeights(self.policy.transformer)
         optimization = build_sft_optimization(self.policy.transformer, view)
         self.optimizer, self.scheduler, self.ema = optimization.optimizer, optimization.scheduler, optimization.ema
         model = cfg.rollout.model
@@ -103,8 +111,10 @@ class FSDPRLWorker(Worker):
             self.logger.info("resumed at iteration %d (%s)%s", self.iteration, self.counters,
                              " with its value head" if self.critic is not None else "")
         value_params = sum(p.numel() for p in self.critic.head.parameters()) if self.critic is not None else 0
+        reference = self.reference.num_elements if self.reference is not None else 0
         return {"iteration": self.iteration, "counters": self.counters, "trainable_params": selection.n_trainable,
                 "total_params": selection.n_trainable + selection.n_frozen, "value_head_params": value_params,
+                "reference_params": reference,
                 "device": str(self.device)}
 
     # ------------------------------------------------------------------ rollouts
@@ -155,7 +165,8 @@ class FSDPRLWorker(Worker):
         if returns is not None and len(returns) != len(decision_ids):
             raise ValueError(f"{len(decision_ids)} decisions, {len(returns)} returns")
         alg = self.cfg.algorithm
-        sums = dict.fromkeys(_MEAN_METRICS + (_VALUE_METRICS if self.critic is not None else ()), 0.0)
+        sums = dict.fromkeys(_MEAN_METRICS + (_VALUE_METRICS if self.critic is not None else ())
+                             + (("kl_ref",) if self.reference is not None else ()), 0.0)
         ratio_max, steps = 0.0, 0
         extra: dict[str, float] = {}
         sampled = cat_chains(chains) if chains else None
@@ -167,6 +178,7 @@ class FSDPRLWorker(Worker):
             ids = torch.tensor(list(decision_ids), dtype=torch.long)
             chain = select_rows(sampled, ids)
             adv = torch.tensor(list(advantages), dtype=torch.float32, device=self.device)
+            reference = self._reference_log_probs(chain) if self.reference is not None else None
             targets = None
             if returns is not None:
                 old = torch.cat(rollout_values).index_select(0, ids.to(rollout_values[0].device)).to(self.device)
@@ -179,7 +191,8 @@ class FSDPRLWorker(Worker):
                 order = torch.randperm(count, generator=shuffle)
                 for start in range(0, count, alg.minibatch_size):
                     rows = order[start:start + alg.minibatch_size]
-                    values = self._minibatch_step(select_rows(chain, rows), adv, targets, rows.to(self.device))
+                    values = self._minibatch_step(select_rows(chain, rows), adv, targets, reference,
+                                                  rows.to(self.device))
                     for name in sums:
                         sums[name] += float(values[name])
                     ratio_max = max(ratio_max, float(values["ratio_max"]))
@@ -194,8 +207,18 @@ class FSDPRLWorker(Worker):
                 "lr": float(self.optimizer.param_groups[0]["lr"]),
                 "update_s": time.perf_counter() - started}
 
-    def _minibatch_step(self, part: ActionChain, adv: torch.Tensor,
-                        targets: tuple[torch.Tensor, torch.Tensor] | None, rows: torch.Tensor) -> dict[str, Any]:
+    def _reference_log_probs(self, chain: ActionChain) -> torch.Tensor:
+        """``[D]``: each of ``chain``'s decisions' log-prob under the start weights (one swap, minibatch-sized
+        forwards, no gradient): the KL term's reference, the same for every epoch."""
+        assert self.reference is not None
+        size, count = self.cfg.algorithm.minibatch_size, len(chain.input_ids)
+        with self.reference.swapped():
+            parts = [chain_log_prob(self.policy, select_rows(chain, list(range(start, min(start + size, count)))))
+                     for start in range(0, count, size)]
+        return torch.cat(parts).detach().to(self.device)
+
+    def _minibatch_step(self, part: ActionChain, adv: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor] | None,
+                        reference: torch.Tensor | None, rows: torch.Tensor) -> dict[str, Any]:
         """One optimizer step on a minibatch (``rows`` of the round's kept decisions); its metrics as 0-D tensors."""
         alg = self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
@@ -205,7 +228,8 @@ class FSDPRLWorker(Worker):
         else:
             log_prob = chain_log_prob(self.policy, part)
         loss = ppo_clip_loss(log_prob, part.old_log_prob.to(log_prob.device), adv[rows],
-                             clip_ratio=alg.clip_ratio, dual_clip=alg.dual_clip)
+                             clip_ratio=alg.clip_ratio, dual_clip=alg.dual_clip,
+                             ref_log_prob=None if reference is None else reference[rows], kl_coef=alg.kl_coef)
         total, metrics = loss.loss, dict(loss.metrics)
         if self.critic is not None and targets is not None:
             old_values, returns = targets
