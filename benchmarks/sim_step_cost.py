@@ -3,10 +3,13 @@
 The simulation side of the eval bound: N real LIBERO envs (one process each, as the env worker
 runs them) are built, reset and settled, then step no-op chunks of 16 actions in parallel; the
 first (cold) and the following (warm) chunk rounds are timed separately, so a cold first pass on a
-fresh machine can be told apart from the steady per-step cost.
+fresh machine can be told apart from the steady per-step cost. The simulators step as the env workers
+run them: without robosuite's repeated forward pass (``rlinf_cosmos3/sim/repeated_forward.py``);
+``--compare-shipped`` then measures the same with robosuite's step as shipped, side by side.
 
     .venv/bin/python benchmarks/sim_step_cost.py --num-envs 2 --rounds 3         # this box
     python3 benchmarks/sim_step_cost.py --num-envs 16 --rounds 4 --out $OUT/sim.json  # GPU host
+    .venv/bin/python benchmarks/sim_step_cost.py --num-envs 1 --rounds 6 --compare-shipped
 """
 
 from __future__ import annotations
@@ -41,14 +44,17 @@ def _timed(procs: list[LiberoSimProcess], cmd: str, **fields: object) -> float:
     return time.monotonic() - start
 
 
-def measure(num_envs: int, suite: str, rounds: int, settle_steps: int) -> dict[str, object]:
+def measure(num_envs: int, suite: str, rounds: int, settle_steps: int,
+            skip_repeated_forward: bool = True) -> dict[str, object]:
     """Build ``num_envs`` envs (tasks cycled 0..3), then time make, reset, settle and chunk rounds."""
     procs = [LiberoSimProcess(name=f"sim{i}") for i in range(num_envs)]
     try:
-        out: dict[str, object] = {"num_envs": num_envs, "suite": suite, "machine": platform.node()}
+        out: dict[str, object] = {"num_envs": num_envs, "suite": suite, "machine": platform.node(),
+                                  "skip_repeated_forward": skip_repeated_forward}
         start = time.monotonic()
         send_all(procs, "make", per_proc=[{"task_id": i % 4} for i in range(num_envs)], suite=suite,
-                 camera_height=256, camera_width=256, seed=0, horizon=1000, hard_reset=True)
+                 camera_height=256, camera_width=256, seed=0, horizon=1000, hard_reset=True,
+                 skip_repeated_forward=skip_repeated_forward)
         recv_all(procs)
         out["make_s"] = time.monotonic() - start
         out["reset_s"] = _timed(procs, "reset", init_state_id=0, privileged=False)
@@ -72,10 +78,18 @@ def main() -> None:
     p.add_argument("--suite", default="libero_spatial")
     p.add_argument("--rounds", type=int, default=3, help="timed chunk rounds; the first counts as cold")
     p.add_argument("--settle-steps", type=int, default=NUM_SETTLE_STEPS)
+    p.add_argument("--compare-shipped", action="store_true",
+                   help="then the same with robosuite's step as shipped (its repeated forward pass not skipped, "
+                        "sim/repeated_forward.py): under 'shipped', and the ratio of the two warm steps")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result = measure(args.num_envs, args.suite, args.rounds, args.settle_steps)
+    if args.compare_shipped:
+        shipped = measure(args.num_envs, args.suite, args.rounds, args.settle_steps, skip_repeated_forward=False)
+        result["shipped"] = shipped
+        result["shipped_over_skip_ms_per_env_step"] = (
+            float(shipped["warm_ms_per_env_step"]) / float(result["warm_ms_per_env_step"]))
     if args.out is not None:
         write_json(args.out, result, indent=1)
     logger.info("%s", json.dumps(result, indent=1))

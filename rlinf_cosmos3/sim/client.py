@@ -238,10 +238,13 @@ class LiberoSimProcess:
 
     # ------------------------------------------------------------------ commands
     def make(self, suite: str, task_id: int, *, camera_height: int = 256, camera_width: int = 256,
-             seed: int = 0, horizon: int = 1000, hard_reset: bool = True) -> Reply:
-        """Build ``suite``'s task ``task_id``; returns ``task`` (language), ``num_init_states``..."""
+             seed: int = 0, horizon: int = 1000, hard_reset: bool = True,
+             skip_repeated_forward: bool = True) -> Reply:
+        """Build ``suite``'s task ``task_id``; returns ``task`` (language), ``num_init_states``...
+        ``skip_repeated_forward=False``: robosuite's step exactly as shipped (``sim/repeated_forward.py``)."""
         return self.request("make", suite=suite, task_id=int(task_id), camera_height=camera_height,
-                            camera_width=camera_width, seed=int(seed), horizon=int(horizon), hard_reset=hard_reset)
+                            camera_width=camera_width, seed=int(seed), horizon=int(horizon), hard_reset=hard_reset,
+                            skip_repeated_forward=bool(skip_repeated_forward))
 
     def reset(self, init_state_id: int, *, privileged: bool = False, init_state_task_id: int | None = None) -> Reply:
         """Reset to LIBERO's fixed init state ``init_state_id`` (of task ``init_state_task_id`` of the suite,

@@ -48,6 +48,7 @@ def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
             camera_height=int(f.get("camera_height", 256)), camera_width=int(f.get("camera_width", 256)),
             seed=int(f.get("seed", 0)), horizon=int(f.get("horizon", 1000)),
             hard_reset=bool(f.get("hard_reset", True)),
+            skip_repeated_forward=bool(f.get("skip_repeated_forward", True)),
         )
 
     def with_privileged(m: Message, reply: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +66,8 @@ def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
             m.arrays["actions"], stop_on_success=bool(m.fields.get("stop_on_success", False)),
             return_frames=bool(m.fields.get("return_frames", False)))),
         "privileged": lambda m: session.privileged(),
+        "forward_counts": lambda m: {"calls": session.forward_counts.calls,
+                                     "skipped": session.forward_counts.skipped},
         "raw_observation": lambda m: session.raw_observation(),
     }
 

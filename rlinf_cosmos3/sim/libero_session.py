@@ -17,6 +17,7 @@ import numpy as np
 
 from rlinf_cosmos3.config.libero_suites import ACTION_DIM
 from rlinf_cosmos3.sim.images import rotate_180
+from rlinf_cosmos3.sim.repeated_forward import ForwardCounts, repeated_forward_skipped
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,17 @@ class LiberoSession:
         self._suite = ""
         self._task_id = -1
         self._last_raw: dict[str, np.ndarray] = {}
+        self._skip_repeated_forward = True
+        self.forward_counts = ForwardCounts()  # robosuite's forward calls while stepping, and those skipped
 
     # ------------------------------------------------------------------ lifecycle
     def make(self, suite: str, task_id: int, camera_height: int = 256, camera_width: int = 256,
-             seed: int = 0, horizon: int = 1000, hard_reset: bool = True) -> dict[str, Any]:
-        """Build the task's OffScreenRenderEnv (closing a previous one) and load its init states."""
+             seed: int = 0, horizon: int = 1000, hard_reset: bool = True,
+             skip_repeated_forward: bool = True) -> dict[str, Any]:
+        """Build the task's OffScreenRenderEnv (closing a previous one) and load its init states.
+
+        ``skip_repeated_forward``: step without the controller's repeat of each substep's forward pass
+        (``sim/repeated_forward.py``; bit-identical outputs); False steps robosuite exactly as it ships."""
         from libero.libero import benchmark, get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
 
@@ -67,6 +74,7 @@ class LiberoSession:
             hard_reset=hard_reset,
         )
         self._env.seed(seed)
+        self._skip_repeated_forward = bool(skip_repeated_forward)
         self._task_suite = task_suite
         self._init_states = np.asarray(task_suite.get_task_init_states(task_id))
         # The policy prompt: LIBERO's task.language (what LIBERO's datasets and both reference
@@ -165,7 +173,7 @@ class LiberoSession:
     def step(self, action: np.ndarray) -> dict[str, Any]:
         """One control step (20 Hz); success is LIBERO's ``check_success``."""
         env = self._require_reset()
-        raw, reward, done, _info = env.step(self._check_action(action))
+        raw, reward, done, _info = self._env_step(env, self._check_action(action))
         self._last_raw = raw
         return {**self.format_obs(raw), "reward": float(reward), "done": bool(done),
                 "success": bool(env.check_success())}
@@ -194,7 +202,7 @@ class LiberoSession:
         for index, action in enumerate(actions):
             rendered = return_frames or index == len(actions) - 1
             with nullcontext() if rendered else self._cameras_held():
-                raw, reward, done, _info = env.step(self._check_action(action))
+                raw, reward, done, _info = self._env_step(env, self._check_action(action))
             success = bool(env.check_success())
             rewards.append(float(reward))
             successes.append(success)
@@ -219,6 +227,13 @@ class LiberoSession:
             reply["main_images"] = np.stack([f[0] for f in frames])
             reply["wrist_images"] = np.stack([f[1] for f in frames])
         return reply
+
+    def _env_step(self, env: Any, action: np.ndarray) -> tuple[Any, ...]:
+        """robosuite's ``env.step``, without the repeated forward passes unless the session was made so."""
+        if not self._skip_repeated_forward:
+            return env.step(action)
+        with repeated_forward_skipped(env.sim, self.forward_counts):
+            return env.step(action)
 
     # ------------------------------------------------------------------ rendering
     def _camera_observables(self) -> list[Any]:
