@@ -215,7 +215,7 @@ class RLRunner:
         steps = [e.result.steps - cfg.env.num_settle_steps for e in kept]
         counters["episodes"] += len(kept)
         counters["env_steps"] += sum(e.result.steps for e in kept)
-        counters["decisions"] += collected.decisions
+        counters["decisions"] += collected.decisions - collected.dropped_decisions  # a crashed attempt's: not counted
         metrics = self._metrics(collected, round_.advantages, returns, steps, update, groups, groups_kept, counters)
         logger.info("iteration %d/%d: success %.3f over %d episodes, %.1f steps/episode, approx_kl %.3g, clip %.3f, "
                     "ratio %.4f (max %.4f), grad_norm %.3g | rollout %.1f s (%.2f episodes/s), update %.1f s | "
