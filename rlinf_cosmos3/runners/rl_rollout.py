@@ -64,6 +64,11 @@ class RoundResult:
     """Time the actor spent sampling (its own measure)."""
     wall_s: float = 0.0
 
+    @property
+    def kept_decisions(self) -> int:
+        """Decisions of the kept attempts: what the round counts and may train on."""
+        return self.decisions - self.dropped_decisions
+
 
 class RoundCollector:
     """Plays one round: the episodes handed to the env workers beforehand (``assign``), served by ``actor``."""

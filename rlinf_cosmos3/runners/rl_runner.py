@@ -208,14 +208,14 @@ class RLRunner:
         groups_kept = len({(e.result.task_id, e.result.trial_id) for e, k in zip(kept, round_.episode_keep.tolist(),
                                                                                    strict=True) if k})
         logger.info("iteration %d: update: %d of %d decisions (%d of %d groups have signal), %d epochs of minibatches "
-                    "of %d", iteration, len(round_.decision_ids), collected.decisions - collected.dropped_decisions,
+                    "of %d", iteration, len(round_.decision_ids), collected.kept_decisions,
                     groups_kept, groups, alg.update_epochs, alg.minibatch_size)
         update = actors.call("update", round_.decision_ids, round_.advantages, iteration,
                              round_.returns if alg.name == "ppo" else None)[0]
         steps = [e.result.steps - cfg.env.num_settle_steps for e in kept]
         counters["episodes"] += len(kept)
         counters["env_steps"] += sum(e.result.steps for e in kept)
-        counters["decisions"] += collected.decisions - collected.dropped_decisions  # a crashed attempt's: not counted
+        counters["decisions"] += collected.kept_decisions  # a crashed attempt's: not counted
         metrics = self._metrics(collected, round_.advantages, returns, steps, update, groups, groups_kept, counters)
         logger.info("iteration %d/%d: success %.3f over %d episodes, %.1f steps/episode, approx_kl %.3g, clip %.3f, "
                     "ratio %.4f (max %.4f), grad_norm %.3g | rollout %.1f s (%.2f episodes/s), update %.1f s | "
