@@ -407,3 +407,29 @@ def test_packed_videos_hold_the_same_frames_as_one_file_per_episode(recorded_lib
         a, b = dataset[i], packed[i]
         for key in (MAIN_IMAGE_KEY, WRIST_IMAGE_KEY, STATE_KEY, ACTION_KEY):
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"frame {i}, {key}")
+
+
+@pytest.mark.slow
+def test_what_each_episode_holds_does_not_depend_on_which_process_recorded_it(tmp_path) -> None:
+    """The recorder serves each simulator as soon as it replies, so which process records which job depends
+    on timing. Three short jobs (two tasks: a process changes task mid-way) on one process and on two
+    give the same dataset: episode order, decoded frames, states and actions."""
+    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
+
+    datasets = []
+    for envs in (1, 2):
+        cfg = RecordConfig(suite="libero_spatial", task_ids=[0, 1], init_state_ids=[0, 1], out=tmp_path / f"e{envs}",
+                           repo_id="local/schedule", keep_failed=True, num_envs=envs, max_steps=12,
+                           camera_storage="image")
+        results = record_demos(cfg, show_progress=False)
+        assert [(r.task_id, r.init_state_id, r.num_steps) for r in results] == [
+            (0, 0, 12), (0, 1, 12), (1, 0, 12), (1, 1, 12)]
+        datasets.append(LeRobotDataset("local/schedule", root=cfg.out))
+    one, two = datasets
+    assert one.num_frames == two.num_frames == 4 * 12
+    assert list(one.meta.episodes["task_id"]) == list(two.meta.episodes["task_id"]) == [0, 0, 1, 1]
+    assert list(one.meta.episodes["init_state_id"]) == list(two.meta.episodes["init_state_id"]) == [0, 1, 0, 1]
+    for i in range(one.num_frames):
+        a, b = one[i], two[i]
+        for key in (MAIN_IMAGE_KEY, WRIST_IMAGE_KEY, STATE_KEY, ACTION_KEY):
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"frame {i}, {key}")

@@ -20,7 +20,13 @@ from rlinf_cosmos3 import paths
 from rlinf_cosmos3.actions import quat_xyzw_to_axis_angle
 from rlinf_cosmos3.config.libero_suites import NOOP_ACTION
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace
-from rlinf_cosmos3.sim.client import LiberoSimProcess, SimCommandError, SimProcessError, call_all
+from rlinf_cosmos3.sim.client import (
+    LiberoSimProcess,
+    SimCommandError,
+    SimProcessError,
+    call_all,
+    wait_for_replies,
+)
 from rlinf_cosmos3.sim.images import rotate_180
 from rlinf_cosmos3.sim.protocol import Message, ProtocolError, decode, encode
 
@@ -202,6 +208,38 @@ def test_call_all_routes_replies_to_their_processes() -> None:
     finally:
         for p in procs:
             p.close()
+
+
+def test_wait_for_replies_serves_the_fast_process_while_another_builds_its_task() -> None:
+    """A process that builds a task (seconds) does not hold back one whose reply is already there."""
+    slow, fast = LiberoSimProcess(name="slow-make"), LiberoSimProcess(name="fast-ping")
+    try:
+        slow.send("make", suite="libero_spatial", task_id=0)
+        fast.send("ping")
+        first = wait_for_replies([slow, fast], timeout_s=60)
+        assert first == [fast]
+        assert fast.recv()["pid"] == fast.pid
+        t0 = time.monotonic()
+        while not (ready := wait_for_replies([slow], timeout_s=1.0)):
+            assert time.monotonic() - t0 < 120
+        assert ready == [slow] and "task" in slow.recv()
+    finally:
+        slow.close()
+        fast.close()
+
+
+def test_wait_for_replies_fails_a_request_past_its_timeout() -> None:
+    proc = LiberoSimProcess(name="overdue", timeout_s=0.5)
+    pgid = proc.process_id
+    try:
+        proc.send("make", suite="libero_spatial", task_id=0)  # seconds, far past 0.5 s
+        with pytest.raises(SimProcessError, match="no reply to 'make' within"):
+            for _ in range(30):
+                wait_for_replies([proc], timeout_s=0.2)
+        assert not proc.alive
+    finally:
+        proc.close()
+    assert _wait_gone(pgid)
 
 
 # ---------------------------------------------------------------------------- the real environment

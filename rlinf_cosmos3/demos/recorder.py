@@ -7,8 +7,8 @@ sees at evaluation), then the scripted policy until it has released the object a
 Success comes only from the simulator's ``check_success``: ``success`` at the last recorded step and
 ``success_once`` over all recorded steps. Failed episodes are dropped unless ``keep_failed``.
 
-Several simulator processes (``num_envs``) step in lockstep, each on its own core; finished episodes
-are handed to writer processes (:class:`~rlinf_cosmos3.demos.episode_store.EpisodeStore`), so stepping never
+Several simulator processes (``num_envs``) step side by side, each served as soon as it replies;
+finished episodes are handed to writer processes (:class:`~rlinf_cosmos3.demos.episode_store.EpisodeStore`), so stepping never
 waits for a video encode. Each process goes through an episode as evaluation's env slots do
 (:class:`~rlinf_cosmos3.sim.episode.EpisodeProgress`), one scripted command per step.
 
@@ -33,7 +33,7 @@ from rlinf_cosmos3.demos.episode_store import EpisodeStore, job_key, partial_dir
 from rlinf_cosmos3.demos.lerobot_writer import EpisodeRecord
 from rlinf_cosmos3.demos.record_config import RecordConfig
 from rlinf_cosmos3.demos.scripted_policy import ScriptedPickPlace, UnsupportedTaskError
-from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
+from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply, wait_for_replies
 from rlinf_cosmos3.sim.episode import EpisodeProgress, Phase
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,9 @@ class DemoRecorder:
     def _start(self, slot: _RecorderSlot, job: tuple[int, int, int]) -> None:
         task_id, init_id, repeat = job
         slot.episode = _Episode(task_id=task_id, init_state_id=init_id, repeat=repeat)
-        slot.sim.begin(self.cfg.suite, task_id, init_id)
+        # the scene from the job's own seed: an episode is the same whichever process records it, after
+        # whichever episodes (the furniture is placed anew at every reset: LiberoSession.reset)
+        slot.sim.begin(self.cfg.suite, task_id, init_id, reset_seed=episode_seed(self.cfg.seed, task_id, init_id, repeat))
         if slot.sim.built == (self.cfg.suite, task_id):  # no make: the process holds this task
             slot.episode.task = slot.task
 
@@ -197,37 +199,50 @@ class DemoRecorder:
         return result
 
     # ------------------------------------------------------------------ main loop
+    def _assign(self, slot: _RecorderSlot, jobs: list[tuple[int, int, int]], progress: Any) -> bool:
+        """Give ``slot`` the next job it can attempt and send its first request; False when none is left."""
+        while jobs:
+            task_id, init_id, repeat = job = jobs.pop()
+            if task_id in self.unsupported:
+                self._record(self._skip(_Episode(task_id, init_id, repeat, task=self.task_text.get(task_id, ""),
+                                                 skipped=self.unsupported[task_id])), progress)
+                continue
+            self._start(slot, job)
+            self._next_request(slot)
+            return True
+        return False
+
     def run(self, procs: Sequence[LiberoSimProcess], jobs: Sequence[tuple[int, int, int]],
             progress: Any = None) -> list[RecordedEpisodeResult]:
-        """Record ``jobs`` (task, init state, repeat) on ``procs`` (lockstep); ``progress``: a tqdm bar."""
-        jobs = list(jobs)[::-1]
-        slots = [_RecorderSlot(p, self.cfg.num_settle_steps) for p in procs]
-        while True:
-            for slot in slots:
-                while slot.episode is None and jobs:
-                    task_id, init_id, repeat = job = jobs.pop()
-                    if task_id in self.unsupported:
-                        self._record(self._skip(_Episode(task_id, init_id, repeat,
-                                                          task=self.task_text.get(task_id, ""),
-                                                          skipped=self.unsupported[task_id])),
-                                     progress)
-                    else:
-                        self._start(slot, job)
-            active = [s for s in slots if s.episode is not None]
-            if not active:
-                return self.results
-            for slot in active:
-                self._next_request(slot)
-            for slot in active:
-                t0 = time.perf_counter()
-                reply = slot.proc.recv()
-                self.seconds["simulator_wait"] += time.perf_counter() - t0
-                ended = self._on_reply(slot, reply)
-                if ended:
-                    assert slot.episode is not None
-                    self._record(self._finish(slot.episode), progress)
-                    slot.episode = None
-                    slot.sim.end()
+        """Record ``jobs`` (task, init state, repeat) on ``procs``; ``progress``: a tqdm bar.
+
+        Each simulator is served as soon as its own reply arrives, so none waits for another one's reset,
+        task build or video hand-over (in lockstep every round lasted as long as its slowest simulator).
+        Which process records which job then depends on timing; what each episode holds does not (its
+        policy seed is the job's, and the dataset is joined in job order)."""
+        pending = list(jobs)[::-1]
+        waiting: dict[int, _RecorderSlot] = {}  # process id -> slot with a request in flight
+        for proc in procs:
+            slot = _RecorderSlot(proc, self.cfg.num_settle_steps)
+            if self._assign(slot, pending, progress):
+                waiting[proc.process_id] = slot
+        while waiting:
+            t0 = time.perf_counter()
+            ready = wait_for_replies([s.proc for s in waiting.values()], timeout_s=1.0)
+            self.seconds["simulator_wait"] += time.perf_counter() - t0
+            for proc in ready:
+                slot = waiting[proc.process_id]
+                ended = self._on_reply(slot, proc.recv())
+                if not ended:
+                    self._next_request(slot)
+                    continue
+                assert slot.episode is not None
+                self._record(self._finish(slot.episode), progress)
+                slot.episode = None
+                slot.sim.end()
+                if not self._assign(slot, pending, progress):
+                    del waiting[proc.process_id]
+        return self.results
 
     def _record(self, result: RecordedEpisodeResult, progress: Any) -> None:
         self.results.append(result)

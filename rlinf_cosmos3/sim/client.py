@@ -111,6 +111,7 @@ class LiberoSimProcess:
             log_path = tmp
         self.log_path = Path(log_path)
         self._pending: str | None = None
+        self._sent_at = 0.0  # monotonic time the pending request was sent
         self._closed = False
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
@@ -182,6 +183,7 @@ class LiberoSimProcess:
         except (BrokenPipeError, OSError) as exc:
             raise self._fail(f"could not send {cmd!r}: {exc}") from exc
         self._pending = cmd
+        self._sent_at = time.monotonic()
 
     def _read_exact(self, n: int, deadline: float, cmd: str) -> bytes:
         assert self._proc.stdout is not None
@@ -189,12 +191,12 @@ class LiberoSimProcess:
         buf = bytearray()
         while len(buf) < n:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no complete reply to {cmd!r} within the timeout")
-            ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
-            if not ready:
+            ready, _, _ = select.select([fd], [], [], min(max(remaining, 0.0), 1.0))
+            if not ready:  # what has arrived is read even at the deadline
                 if self._proc.poll() is not None:
                     raise self._fail(f"simulator process died while handling {cmd!r}")
+                if remaining <= 0:
+                    raise self._fail(f"no complete reply to {cmd!r} within the timeout")
                 continue
             chunk = os.read(fd, min(n - len(buf), 1 << 20))
             if not chunk:
@@ -202,6 +204,19 @@ class LiberoSimProcess:
                 raise self._fail(f"simulator process closed its channel while handling {cmd!r}")
             buf.extend(chunk)
         return bytes(buf)
+
+    def fileno(self) -> int:
+        """The reply channel's descriptor, so that a caller can wait on many simulators at once."""
+        assert self._proc.stdout is not None
+        return self._proc.stdout.fileno()
+
+    def overdue(self, now: float) -> bool:
+        """A request is pending and has had no reply for longer than ``timeout_s``."""
+        return self._pending is not None and now - self._sent_at > self.timeout_s
+
+    def fail_overdue(self) -> SimProcessError:
+        """Kill the overdue process; the error to raise says which request got no reply."""
+        return self._fail(f"no reply to {self._pending!r} within {self.timeout_s:.0f} s")
 
     def recv(self, timeout_s: float | None = None) -> Reply:
         """Collect the reply to the pending request: its fields and arrays in one dict."""
@@ -246,11 +261,15 @@ class LiberoSimProcess:
                             camera_width=camera_width, seed=int(seed), horizon=int(horizon), hard_reset=hard_reset,
                             skip_repeated_forward=bool(skip_repeated_forward))
 
-    def reset(self, init_state_id: int, *, privileged: bool = False, init_state_task_id: int | None = None) -> Reply:
+    def reset(self, init_state_id: int, *, privileged: bool = False, init_state_task_id: int | None = None,
+              seed: int | None = None) -> Reply:
         """Reset to LIBERO's fixed init state ``init_state_id`` (of task ``init_state_task_id`` of the suite,
         when given: an instruction swap); returns the observation (``main_image``, ``wrist_image``,
-        ``state``, ``task``, ``success``)."""
+        ``state``, ``task``, ``success``). ``seed``: the scene's furniture placed from this seed, not from
+        this process's history (``LiberoSession.reset``)."""
         extra = {} if init_state_task_id is None else {"init_state_task_id": int(init_state_task_id)}
+        if seed is not None:
+            extra["seed"] = int(seed)
         return self.request("reset", init_state_id=int(init_state_id), privileged=privileged, **extra)
 
     def step(self, action: np.ndarray, *, privileged: bool = False) -> Reply:
@@ -303,6 +322,20 @@ class LiberoSimProcess:
         if self._own_log and not keep_log and self.log_path.exists():
             self.log_path.unlink()
 
+
+
+def wait_for_replies(procs: Sequence[LiberoSimProcess], timeout_s: float) -> list[LiberoSimProcess]:
+    """The processes among ``procs`` (each with a request pending) whose reply has begun to arrive or whose
+    channel has closed, waiting up to ``timeout_s`` for the first: their ``recv`` returns (or raises) without
+    waiting on the others. A process whose request is older than its own timeout fails here, as its ``recv``
+    would have."""
+    ready, _, _ = select.select(list(procs), [], [], timeout_s)
+    if not ready:
+        now = time.monotonic()
+        for proc in procs:
+            if proc.overdue(now):
+                raise proc.fail_overdue()
+    return ready
 
 
 def send_all(procs: Sequence[LiberoSimProcess], cmd: str,

@@ -47,6 +47,7 @@ class EpisodeProgress:
         self.phase = Phase.IDLE
         self.suite, self.task_id, self.init_state_id = "", -1, -1
         self.init_state_task_id: int | None = None
+        self.reset_seed: int | None = None
         """The task whose init states the reset loads; None: ``task_id``'s own (no instruction swap)."""
         self.built: tuple[str, int] | None = None
         """(suite, task) of the environment the process holds; ``make`` only when another is needed."""
@@ -57,10 +58,13 @@ class EpisodeProgress:
         self.steps = 0
         """Simulator steps since the reset, settle steps included."""
 
-    def begin(self, suite: str, task_id: int, init_state_id: int, init_state_task_id: int | None = None) -> None:
+    def begin(self, suite: str, task_id: int, init_state_id: int, init_state_task_id: int | None = None,
+              reset_seed: int | None = None) -> None:
         """Start an episode (or run it again from its start): ``START``, no step run yet. With
-        ``init_state_task_id`` the reset loads that task's init state ``init_state_id`` into ``task_id``'s env."""
+        ``init_state_task_id`` the reset loads that task's init state ``init_state_id`` into ``task_id``'s env;
+        with ``reset_seed`` the reset places the scene from that seed (``LiberoSession.reset``)."""
         self.suite, self.task_id, self.init_state_id = suite, task_id, init_state_id
+        self.reset_seed = reset_seed
         self.init_state_task_id = None if init_state_task_id == task_id else init_state_task_id
         self.phase, self.in_flight, self.pending, self.steps = Phase.START, None, NO_ACTIONS, 0
 
@@ -82,8 +86,12 @@ class EpisodeProgress:
             proc.send("make", suite=self.suite, task_id=self.task_id, **make_fields)
             self.in_flight = "make"
         else:
-            swap = {} if self.init_state_task_id is None else {"init_state_task_id": self.init_state_task_id}
-            proc.send("reset", init_state_id=self.init_state_id, privileged=self.privileged, **swap)
+            extra: dict[str, int] = {}
+            if self.init_state_task_id is not None:
+                extra["init_state_task_id"] = self.init_state_task_id
+            if self.reset_seed is not None:
+                extra["seed"] = self.reset_seed
+            proc.send("reset", init_state_id=self.init_state_id, privileged=self.privileged, **extra)
             self.in_flight = "reset"
 
     def send_chunk(self, proc: LiberoSimProcess, **chunk_fields: Any) -> None:

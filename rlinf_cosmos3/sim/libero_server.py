@@ -60,7 +60,8 @@ def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
         "echo": lambda m: {**m.fields, **m.arrays, "numpy_version": np.__version__},
         "make": make,
         "reset": lambda m: with_privileged(m, session.reset(int(m.fields["init_state_id"]),
-                                                            _optional_int(m.fields.get("init_state_task_id")))),
+                                                            _optional_int(m.fields.get("init_state_task_id")),
+                                                            _optional_int(m.fields.get("seed")))),
         "step": lambda m: with_privileged(m, session.step(m.arrays["action"])),
         "chunk_step": lambda m: with_privileged(m, session.chunk_step(
             m.arrays["actions"], stop_on_success=bool(m.fields.get("stop_on_success", False)),

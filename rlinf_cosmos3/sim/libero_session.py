@@ -140,13 +140,20 @@ class LiberoSession:
                                f"{self._task_id}'s {self._init_states.shape[1:]}: not the same scene")
         return states
 
-    def reset(self, init_state_id: int, init_state_task_id: int | None = None) -> dict[str, Any]:
+    def reset(self, init_state_id: int, init_state_task_id: int | None = None,
+              seed: int | None = None) -> dict[str, Any]:
         """env.reset() then LIBERO's fixed init state number ``init_state_id`` (as LIBERO's eval) of the
-        built task, or of task ``init_state_task_id`` (instruction swap: the goal stays the built task's)."""
+        built task, or of task ``init_state_task_id`` (instruction swap: the goal stays the built task's).
+
+        ``seed``: reseed first. The init state sets the joints only; the furniture without joints (cabinet,
+        stove, ...) is placed anew at each hard reset from numpy's global RNG, so without a seed the scene
+        depends on how many episodes this process ran before (LIBERO's own eval behaves so)."""
         env = self._require_env()
         states = self._init_states_of(init_state_task_id)
         if not 0 <= init_state_id < len(states):
             raise SessionError(f"init_state_id {init_state_id} out of range ({len(states)} states)")
+        if seed is not None:
+            env.seed(seed)
         env.reset()
         raw = env.set_init_state(states[init_state_id])
         self._has_reset = True
