@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlinf_cosmos3.rl.rounds import grpo_decisions, ppo_decisions, round_starts
+from rlinf_cosmos3.rl.rounds import grpo_decisions, ppo_decisions, round_reset_seeds, round_starts
 from rlinf_cosmos3.runners.rl_rollout import RoundCollector
 from rlinf_cosmos3.workers.env.results import EpisodeResult
 
@@ -25,6 +25,21 @@ def test_each_pass_covers_every_start_once_and_rounds_depend_only_on_seed_and_in
     assert len(spanning) == 4 and set(spanning) <= set(STARTS)
     with pytest.raises(ValueError):
         round_starts([], 1, 0, 0)
+
+
+def test_reset_seeds_give_a_group_one_scene_and_depend_only_on_seed_round_and_start() -> None:
+    """The simulator reset seed of each start: one per start (a start twice in a round: one seed), the same when the
+    round is played again (a resume), another in another round or run, within numpy's 32-bit seed range."""
+    starts = round_starts(STARTS, 4, seed=7, round_index=2)  # spans two passes: one start twice
+    assert len(set(starts)) == 3
+    seeds = round_reset_seeds(starts, seed=7, round_index=2)
+    assert seeds == round_reset_seeds(starts, seed=7, round_index=2)
+    assert all((a == b) == (seeds[i] == seeds[j]) for i, a in enumerate(starts) for j, b in enumerate(starts))
+    assert all(0 <= s < 2**32 for s in seeds)
+    assert round_reset_seeds(starts, seed=7, round_index=3) != seeds
+    assert round_reset_seeds(starts, seed=8, round_index=2) != seeds
+    with pytest.raises(ValueError):
+        round_reset_seeds(starts, 7, -1)
 
 
 def test_grpo_decisions_by_hand() -> None:

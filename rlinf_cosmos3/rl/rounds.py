@@ -3,6 +3,7 @@
 Pure functions of the run's seed and the round's index, so a resumed run plays the rounds the straight run would
 have played, and the driver and the tests agree on them without any state.
 
+* :func:`round_reset_seeds`: the simulator reset seed of each start of round ``r`` (one scene per group).
 * :func:`round_starts`: the starts of round ``r`` are consecutive slices of an endless sequence of shuffles of
   every configured start (one shuffle per pass, seeded by ``(seed, pass)``): each start comes up once per pass,
   in an order no task dominates. A round that spans two passes may hold one start twice: its episodes then form
@@ -27,7 +28,17 @@ import torch
 from rlinf_cosmos3.rl.advantages import grpo_advantages
 from rlinf_cosmos3.rl.gae import compute_gae, next_values_of, normalize_advantages
 
-__all__ = ["RoundDecisions", "grpo_decisions", "ppo_decisions", "round_starts"]
+__all__ = ["RoundDecisions", "grpo_decisions", "ppo_decisions", "round_reset_seeds", "round_starts"]
+
+
+def round_reset_seeds(starts: Sequence[tuple[int, int]], seed: int, round_index: int) -> list[int]:
+    """The simulator reset seed of each start (``(task, init state)``) of round ``round_index``: every episode of a
+    start's group begins in the same scene (the furniture LIBERO places at each reset included; a start that comes
+    up twice in a round gets one seed), and a resumed run's rounds begin in the scenes the straight run's did,
+    whatever its simulators ran before."""
+    if round_index < 0:
+        raise ValueError(f"need round_index >= 0, got {round_index}")
+    return [int(np.random.SeedSequence([seed, round_index, task, init]).generate_state(1)[0]) for task, init in starts]
 
 
 def round_starts(starts: Sequence[tuple[int, int]], groups: int, seed: int, round_index: int) -> list[tuple[int, int]]:

@@ -39,7 +39,13 @@ from rlinf_cosmos3.cluster import Cluster, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.rl import RLConfig, sft_view
 from rlinf_cosmos3.models.cosmos3.identity import ModelIdentity
-from rlinf_cosmos3.rl.rounds import RoundDecisions, grpo_decisions, ppo_decisions, round_starts
+from rlinf_cosmos3.rl.rounds import (
+    RoundDecisions,
+    grpo_decisions,
+    ppo_decisions,
+    round_reset_seeds,
+    round_starts,
+)
 from rlinf_cosmos3.runners.checkpoint_save import save_checkpoint_step
 from rlinf_cosmos3.runners.checkpoint_space import (
     CheckpointPlan,
@@ -194,7 +200,9 @@ class RLRunner:
                    counters: dict[str, float]) -> dict[str, float]:
         cfg, alg = self.cfg, self.cfg.algorithm
         starts = round_starts(self.starts, cfg.rollout.num_envs // alg.group_size, cfg.runner.seed, iteration - 1)
-        episodes = [Episode(task, init, cfg.env.suite) for task, init in starts for _ in range(alg.group_size)]
+        seeds = round_reset_seeds(starts, cfg.runner.seed, iteration - 1)
+        episodes = [Episode(task, init, cfg.env.suite, seed) for (task, init), seed in zip(starts, seeds, strict=True)
+                    for _ in range(alg.group_size)]
         logger.info("iteration %d/%d: rollout: %d episodes, %d starts x group %d (task, init state: %s)", iteration,
                     cfg.runner.max_iterations, len(episodes), len(starts), alg.group_size,
                     ", ".join(f"{t}/{i}" for t, i in starts))

@@ -31,6 +31,10 @@ class Episode(NamedTuple):
     trial_id: int
     suite: str = ""
     """The LIBERO suite; "" only in the pure layout functions, which do not care."""
+    reset_seed: int | None = None
+    """The reset places the scene's jointless furniture from this seed (``LiberoSession.reset``), so the episode
+    does not depend on the episodes its simulator ran before (RL: one per GRPO group, for an exact resume).
+    None: from the simulator's own RNG, as LIBERO's eval (the eval's episodes)."""
 
 
 class SlotAddress(NamedTuple):

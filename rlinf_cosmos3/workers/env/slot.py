@@ -283,7 +283,7 @@ class EnvSlot:
         assert self.episode is not None
         self.attempts += 1
         self.sim.begin(self.episode.suite, self.episode.task_id, self.episode.trial_id,
-                       init_state_task_id=self.init_state_task_id)
+                       init_state_task_id=self.init_state_task_id, reset_seed=self.episode.reset_seed)
         self.success_once = self.success_at_end = False
         self.obs = {}
         self.lift = ObjectLift()
