@@ -2,8 +2,8 @@
 the collocated actor, 2 iterations with a checkpoint after each; the checkpoint converts with the SFT converter and
 the converted model evaluates through ``evaluations/run_eval.sh``; a run resumed from the first checkpoint
 reproduces the second exactly; SIGTERM leaves nothing running. The same with ``algorithm.name=ppo``: GAE from the
-value head's values, the clipped value loss, the critic in each checkpoint, conversion, and a resume that continues
-the run (its own exactness is tests/test_rl_actor.py's: kept simulators are not history-free, see that test).
+value head's values, the clipped value loss, the critic in each checkpoint, conversion, and a resume that reproduces
+the second iteration's values, losses, weights and value head exactly.
 
 A random tiny model does not succeed in 32 steps, so the update takes no optimizer step here (no group has
 signal); the update itself, on the same model, is tested in tests/test_rl_actor.py with advantages given. What the
@@ -14,6 +14,8 @@ round's mean old log-prob is a fingerprint of all of them) and the counters. PPO
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import signal
@@ -84,6 +86,11 @@ def _launch(inputs, cwd: Path, *extra: str) -> dict[str, Path | str]:
     (run_dir,) = list((cwd / "logs").iterdir())
     return {"run_dir": run_dir, "ckpts": cwd / "ckpts" / "libero_rl_cosmos3_tiny" / "checkpoints", "out": out,
             "seconds": time.perf_counter() - started}
+
+
+def _critic_state(path: Path) -> dict:
+    """The value head's weights and AdamW state from a checkpoint's text file (base64 of ``torch.save``)."""
+    return torch.load(io.BytesIO(base64.b64decode(path.read_text())), weights_only=True)
 
 
 def _scalars(run_dir: Path, prefix: str = "rl") -> dict[str, dict[int, float]]:
@@ -195,11 +202,9 @@ def test_sigterm_leaves_nothing_running(tiny_model_and_stats, tmp_path: Path) ->
     assert not (tmp_path / "ckpts" / "libero_rl_cosmos3_tiny" / "checkpoints" / "global_step_1").exists()
 
 
-PPO_FINGERPRINT = ("success_rate", "episode_length", "episodes_total", "env_steps_total", "decisions_total",
-                   "groups_with_signal", "optimizer_steps", "update_decisions")
-"""What a resumed PPO run reproduces whatever the simulators' history (see the resume test's docstring): not the
-values, advantages, losses or weights, nor the mean old log-prob (float rounding of ``x_next - mean`` follows the
-observations at the ulp level)."""
+PPO_FINGERPRINT = FINGERPRINT + ("optimizer_steps", "update_decisions", "value_loss", "value_mean", "return_mean",
+                                 "value_grad_norm")
+"""Iteration metrics a resumed PPO run reproduces exactly: the rollout's, and the update's values and losses."""
 
 
 @pytest.fixture(scope="module")
@@ -235,14 +240,10 @@ def test_ppo_trains_the_value_head_and_converts_as_grpo(ppo_run, tiny_model_and_
 
 
 def test_ppo_resume_continues_the_run(ppo_run, tiny_model_and_stats, tmp_path: Path) -> None:
-    """A PPO run resumed from ``global_step_1`` loads the critic and plays and trains iteration 2 as the straight run
-    did (its starts, episodes, decisions, steps, counters).
-
-    Not compared here: the weights and values after iteration 2. A kept simulator's observations of an episode
-    depend on the episode that process ran before (found with this test: the same init state renders up to 189
-    levels apart on 11 % of the pixels after another init state than in a fresh process), and the resumed run's
-    simulators are fresh, so its iteration-2 observations differ from the straight run's. The rank's own resume
-    is exact: ``tests/test_rl_actor.py::test_resume_is_bit_identical[ppo]`` (weights, AdamW, value head)."""
+    """A PPO run resumed from ``global_step_1`` loads the critic and plays and trains iteration 2 exactly as the
+    straight run did: its starts, episodes and decisions, the values, returns and losses, and the weights, the value
+    head and the trainer state it saves. Each round seeds its simulators' resets (``rl/rounds.round_reset_seeds``),
+    so the resumed run's fresh simulators begin in the scenes the straight run's kept ones did."""
     resumed = _launch(tiny_model_and_stats, tmp_path, "algorithm.name=ppo",
                       f"runner.resume_dir={ppo_run['ckpts'] / 'global_step_1'}")
     log = (resumed["run_dir"] / "rl_embodiment.log").read_text()
@@ -251,5 +252,12 @@ def test_ppo_resume_continues_the_run(ppo_run, tiny_model_and_stats, tmp_path: P
     for name in PPO_FINGERPRINT:
         assert resumed_scalars[name] == {2: straight_scalars[name][2]}, name
     a, b = ppo_run["ckpts"] / "global_step_2", resumed["ckpts"] / "global_step_2"
-    assert (b / VALUE_HEAD_FILE).is_file()
+    weights_a, weights_b = load_full_weights(a), load_full_weights(b)
+    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    head_a, head_b = (_critic_state(step / VALUE_HEAD_FILE) for step in (a, b))
+    assert head_a["head"].keys() == head_b["head"].keys()
+    assert all(torch.equal(head_a["head"][k], head_b["head"][k]) for k in head_a["head"])
+    moments_a, moments_b = head_a["optimizer"]["state"], head_b["optimizer"]["state"]
+    assert moments_a.keys() == moments_b.keys()
+    assert all(torch.equal(moments_a[i][k], moments_b[i][k]) for i in moments_a for k in moments_a[i])
     assert TrainerState.read(actor_dir(a) / TRAINER_STATE_FILE) == TrainerState.read(actor_dir(b) / TRAINER_STATE_FILE)
