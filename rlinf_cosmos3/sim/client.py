@@ -37,6 +37,7 @@ from rlinf_cosmos3.sim.protocol import (
     decode_body,
     encode,
     parse_prefix,
+    reset_fields,
     split_arrays,
 )
 
@@ -267,10 +268,8 @@ class LiberoSimProcess:
         when given: an instruction swap); returns the observation (``main_image``, ``wrist_image``,
         ``state``, ``task``, ``success``). ``seed``: the scene's furniture placed from this seed, not from
         this process's history (``LiberoSession.reset``)."""
-        extra = {} if init_state_task_id is None else {"init_state_task_id": int(init_state_task_id)}
-        if seed is not None:
-            extra["seed"] = int(seed)
-        return self.request("reset", init_state_id=int(init_state_id), privileged=privileged, **extra)
+        return self.request("reset", **reset_fields(init_state_id, privileged=privileged,
+                                                    init_state_task_id=init_state_task_id, seed=seed))
 
     def step(self, action: np.ndarray, *, privileged: bool = False) -> Reply:
         """One 7-D OSC_POSE delta action; returns obs plus ``reward``, ``done``, ``success``

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlinf_cosmos3.config.libero_suites import NOOP_ACTION
+from rlinf_cosmos3.sim.protocol import reset_fields
 
 if TYPE_CHECKING:
     from rlinf_cosmos3.sim.client import LiberoSimProcess, Reply
@@ -86,12 +87,8 @@ class EpisodeProgress:
             proc.send("make", suite=self.suite, task_id=self.task_id, **make_fields)
             self.in_flight = "make"
         else:
-            extra: dict[str, int] = {}
-            if self.init_state_task_id is not None:
-                extra["init_state_task_id"] = self.init_state_task_id
-            if self.reset_seed is not None:
-                extra["seed"] = self.reset_seed
-            proc.send("reset", init_state_id=self.init_state_id, privileged=self.privileged, **extra)
+            proc.send("reset", **reset_fields(self.init_state_id, privileged=self.privileged,
+                                              init_state_task_id=self.init_state_task_id, seed=self.reset_seed))
             self.in_flight = "reset"
 
     def send_chunk(self, proc: LiberoSimProcess, **chunk_fields: Any) -> None:

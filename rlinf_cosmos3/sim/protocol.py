@@ -25,6 +25,19 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024 * 1024
 
 
+def reset_fields(init_state_id: int, *, privileged: bool = False, init_state_task_id: int | None = None,
+                 seed: int | None = None) -> dict[str, Any]:
+    """The fields of a ``reset`` request, built in one place for every caller: the init state (of another task
+    of the suite when ``init_state_task_id`` is given: an instruction swap) and the seed the scene's furniture is
+    placed from (absent: from the process's own RNG, i.e. its history)."""
+    fields: dict[str, Any] = {"init_state_id": int(init_state_id), "privileged": bool(privileged)}
+    if init_state_task_id is not None:
+        fields["init_state_task_id"] = int(init_state_task_id)
+    if seed is not None:
+        fields["seed"] = int(seed)
+    return fields
+
+
 class ProtocolError(RuntimeError):
     """A message on the simulator channel is malformed or truncated."""
 
