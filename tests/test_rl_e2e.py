@@ -14,8 +14,6 @@ round's mean old log-prob is a fingerprint of all of them) and the counters. PPO
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import signal
@@ -32,6 +30,7 @@ from rlinf_cosmos3.checkpoint import is_complete_checkpoint, load_full_weights
 from rlinf_cosmos3.checkpoint.layout import TRAINER_STATE_FILE, actor_dir
 from rlinf_cosmos3.checkpoint.trainer_state import TrainerState
 from rlinf_cosmos3.models.cosmos3.identity import file_sha256, read_identity
+from rlinf_cosmos3.rl.critic import state_from_text
 from rlinf_cosmos3.validation.rl import VALUE_HEAD_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.libero]
@@ -88,9 +87,10 @@ def _launch(inputs, cwd: Path, *extra: str) -> dict[str, Path | str]:
             "seconds": time.perf_counter() - started}
 
 
-def _critic_state(path: Path) -> dict:
-    """The value head's weights and AdamW state from a checkpoint's text file (base64 of ``torch.save``)."""
-    return torch.load(io.BytesIO(base64.b64decode(path.read_text())), weights_only=True)
+def _assert_same_weights(a: Path, b: Path) -> None:
+    """Two checkpoints hold bit-identical transformer weights."""
+    weights_a, weights_b = load_full_weights(a), load_full_weights(b)
+    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 
 def _scalars(run_dir: Path, prefix: str = "rl") -> dict[str, dict[int, float]]:
@@ -170,8 +170,7 @@ def test_resume_reproduces_the_straight_run(straight_run, tiny_model_and_stats, 
     for name in FINGERPRINT:
         assert resumed_scalars[name] == {2: straight_scalars[name][2]}, name
     a, b = straight_run["ckpts"] / "global_step_2", resumed["ckpts"] / "global_step_2"
-    weights_a, weights_b = load_full_weights(a), load_full_weights(b)
-    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    _assert_same_weights(a, b)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     states = []
@@ -252,9 +251,8 @@ def test_ppo_resume_continues_the_run(ppo_run, tiny_model_and_stats, tmp_path: P
     for name in PPO_FINGERPRINT:
         assert resumed_scalars[name] == {2: straight_scalars[name][2]}, name
     a, b = ppo_run["ckpts"] / "global_step_2", resumed["ckpts"] / "global_step_2"
-    weights_a, weights_b = load_full_weights(a), load_full_weights(b)
-    assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
-    head_a, head_b = (_critic_state(step / VALUE_HEAD_FILE) for step in (a, b))
+    _assert_same_weights(a, b)
+    head_a, head_b = (state_from_text((step / VALUE_HEAD_FILE).read_text()) for step in (a, b))
     assert head_a["head"].keys() == head_b["head"].keys()
     assert all(torch.equal(head_a["head"][k], head_b["head"][k]) for k in head_a["head"])
     moments_a, moments_b = head_a["optimizer"]["state"], head_b["optimizer"]["state"]

@@ -27,7 +27,7 @@ import torch
 from rlinf_cosmos3.components.optim import build_optimizer, clip_grad_norm_
 from rlinf_cosmos3.rl.value_head import ValueHead
 
-__all__ = ["Critic"]
+__all__ = ["Critic", "state_from_text"]
 
 
 class Critic:
@@ -71,6 +71,11 @@ class Critic:
 
     def load_text(self, text: str) -> None:
         """Restore the head and its AdamW state from :meth:`to_text`'s output."""
-        data = base64.b64decode(text, validate=True)
-        state = torch.load(io.BytesIO(data), map_location=next(self.head.parameters()).device, weights_only=True)
-        self.load_state_dict(state)
+        self.load_state_dict(state_from_text(text, map_location=next(self.head.parameters()).device))
+
+
+def state_from_text(text: str, map_location: torch.device | str | None = None) -> dict[str, Any]:
+    """The critic's state (``{"head": ..., "optimizer": ...}``) from the checkpoint's text file, without a critic to
+    load it into: what :meth:`Critic.load_text` restores, for tools and tests that compare checkpoints."""
+    data = base64.b64decode(text, validate=True)
+    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
