@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ class RecordConfig:
     recorded_action: str = "executed"  # one of RECORDED_ACTIONS
     writer_procs: int = 1
     """Processes that write finished episodes (PNG frames, video encode, statistics) while the simulators
-    go on; does not change what is recorded."""
+    go on; does not change what is recorded. The command line's default is :func:`default_writer_procs`."""
     concatenate_videos: bool = False
     """How the join lays out the videos (the frames are the same either way). False: one MP4 per episode and
     camera, copied as written, so the join costs O(episodes). True: lerobot's packing into large files, which
@@ -55,3 +56,12 @@ class RecordConfig:
                 raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
             return self.max_steps
         return suite_max_steps(self.suite) - self.num_settle_steps
+
+
+def default_writer_procs(cpu_count: int | None = None) -> int:
+    """Writer processes for a host of ``cpu_count`` cores (default: this one's): one per 2 cores. On a 16-core
+    host recording 40 demonstrations with 16 simulators, 4 writers left the recorder waiting 20-24 s to hand
+    episodes over (69-71 s in all); 8 took that wait to 3-5 s (52 and 68 s, the host's drift between them),
+    12 to 0.1 s with no faster wall (docs/benchmarks.md, the writers sweep of 2026-12-07)."""
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, cores // 2)

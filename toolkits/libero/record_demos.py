@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ from rlinf_cosmos3.config.libero_suites import (
 )
 from rlinf_cosmos3.demos.checks import check_record_config
 from rlinf_cosmos3.demos.episode_store import partial_dir
-from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS
+from rlinf_cosmos3.demos.record_config import RECORDED_ACTIONS, default_writer_procs
 from rlinf_cosmos3.demos.recorder import (
     CAMERA_STORAGES,
     RecordConfig,
@@ -101,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-failed", action="store_true", help="also keep episodes that did not succeed")
     p.add_argument("--num-envs", type=int, default=1, help="simulator processes stepping in parallel")
     p.add_argument("--writers", type=int, default=None,
-                   help="processes writing finished episodes while the simulators go on (default: one per 4 cores)")
+                   help="processes writing finished episodes while the simulators go on (default: one per 2 cores)")
     p.add_argument("--action-noise", type=float, default=0.0,
                    help="std of Gaussian noise added to the policy's motion commands (diversity, recoveries)")
     p.add_argument("--noise-period", type=int, default=1,
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                     noise_burst=args.noise_burst, place_jitter=args.place_jitter,
                                     approach_jitter=args.approach_jitter),
         repeats=args.repeats,
-        writer_procs=args.writers if args.writers is not None else max(1, (os.cpu_count() or 1) // 4),
+        writer_procs=args.writers if args.writers is not None else default_writer_procs(),
         camera_storage=args.camera_storage,
         recorded_action=args.recorded_action,
         concatenate_videos=args.concatenate_videos,
