@@ -14,6 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -115,3 +117,38 @@ def test_the_language_proof_report_judges_swap_ablation_and_fisher(tmp_path) -> 
     assert report["ablation_test"]["pooled"]["p_worse"] < 1e-4
     labels = {c["label"] for c in report["swap"]["success_once"]["conditions"]}
     assert any("8 from task 1" in label for label in labels), labels
+
+
+def _with_videos(run: Path, rows: list[dict], color: int) -> list[dict]:
+    """Give every row a real episode video (the eval's own writer, 4 frames of one ``color``) under ``run``."""
+    from rlinf_cosmos3.workers.env.video import EpisodeVideoWriter
+
+    for row in rows:
+        name = f"videos/task{row['task_id']}_trial{row['trial_id']}.mp4"
+        writer = EpisodeVideoWriter(run / name, fps=10)
+        frames = np.full((4, 32, 32, 3), color, dtype=np.uint8)
+        writer.add(frames, frames)
+        writer.finish()
+        row["video"] = name
+    return rows
+
+
+def test_the_language_proof_keeps_a_video_of_a_swapped_success(tmp_path) -> None:
+    """With the swap control, the report phase keeps the first swapped success's video as ``swap.mp4`` beside
+    ``success.mp4`` and ``failure.mp4`` (the first eval's), and says which task it did from which task's state."""
+    logs = tmp_path / "lp" / "logs"
+    held = range(40, 43)
+    first = logs / "eval_all_seed42" / "20261205-150000-libero_goal_cosmos3_eval_small"
+    swap = logs / "eval_swap_seed42" / "20261205-150000-libero_goal_cosmos3_eval_small"
+    first.mkdir(parents=True)
+    swap.mkdir(parents=True)
+    rows = _with_videos(first, _goal_rows(1, held, {40}), color=40)
+    (first / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    swapped = _with_videos(swap, _goal_rows(8, range(2), {0}, source=1), color=200)
+    (swap / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in swapped))
+    out = _report(tmp_path / "lp", LP_SUITE="libero_goal", LP_TASK="1,8", LP_EXTRA_SEEDS="", LP_SWAP="8:1",
+                  LP_SWAP_STATES="0-1")
+    assert "swap video: task 8, init state 1 of task 1" in out, out
+    for name, video in (("success", first / "videos/task1_trial41.mp4"), ("failure", first / "videos/task1_trial40.mp4"),
+                        ("swap", swap / "videos/task8_trial1.mp4")):
+        assert (tmp_path / "lp" / f"{name}.mp4").read_bytes() == video.read_bytes(), name

@@ -21,7 +21,8 @@
 #            intervals) -> $WORK/report.json, and whether each target is met (one task: trained >= 90 %, held
 #            out >= 60 %; several: the suite's targets in docs/learning_proof.md, per task and on average);
 #            toolkits/plot_training.py (every SFT run, a resumed training joined) -> $WORK/training_curves.png;
-#            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4;
+#            the first success's and the first failure's video of the first eval -> $WORK/success.mp4, failure.mp4
+#            (and with LP_SWAP the first swapped success -> $WORK/swap.mp4);
 #            toolkits/eval/episode_sheet.py: every failure of those evals, a row of frames each -> $WORK/failures.jpg
 #
 #   bash benchmarks/gpu/learning_proof.sh WORK [PHASES]     # PHASES: comma list (default: all of the above)
@@ -230,23 +231,27 @@ if phase report; then
     "$PY" toolkits/eval/episode_sheet.py "${eval_runs[@]}" --select failures --out "$WORK/failures$SUFFIX.jpg" \
       || say "no failure sheet (no failed episode with a video)"
   fi
-  # one video of a success and one of a failure (the first of each in the first eval run) -> $WORK/*.mp4
-  [ -n "$first" ] && "$PY" - "$first" "$WORK" "$SUFFIX" <<'EOF'
+  # one video of a success and one of a failure (the first of each in the first eval run), and with the swap
+  # control the first success of a swapped start (the instructed task done from another task's state) -> $WORK/*.mp4
+  [ -n "$first" ] && "$PY" - "$first" "$WORK" "$SUFFIX" "${swap_run:-}" <<'EOF'
 import shutil
 import sys
 from pathlib import Path
 
 from rlinf_cosmos3.tracking.results_file import episode_video, read_results
 
-run, work, suffix = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-rows = read_results(run)
-for name, want in (("success", True), ("failure", False)):
+first, work, suffix, swap = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+wanted = [("success", first, True), ("failure", first, False)] + ([("swap", Path(swap), True)] if swap else [])
+for name, run, want in wanted:
+    rows = read_results(run)
     row = next((r for r in rows if r["success_once"] is want and episode_video(run, r)), None)
     if row is None:
         print(f"[learning_proof] no {name} video in {run}")
         continue
     dst = shutil.copyfile(episode_video(run, row), work / f"{name}{suffix}.mp4")
-    print(f"[learning_proof] {name} video: init state {row['trial_id']}, {row['steps']} steps, "
+    start = row.get("init_state_task_id")
+    start = f" of task {start}" if start not in (None, row["task_id"]) else ""
+    print(f"[learning_proof] {name} video: task {row['task_id']}, init state {row['trial_id']}{start}, {row['steps']} steps, "
           f"{Path(dst).stat().st_size / 2**20:.2f} MiB -> {dst}")
 EOF
   # every SFT run directory, oldest first: a training resumed in a later call continues the curves
