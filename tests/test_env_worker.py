@@ -463,6 +463,7 @@ def test_slots_idling_in_one_chunk_step_close_their_simulators_concurrently(monk
         stage.step(_noop_chunk(2))
         out = stage.output()
         assert sorted((r.trial_id, r.steps, r.error) for r in out.results) == [(0, 26, None), (1, 26, None)]
+        assert out.final_obs == []  # the eval's default: a truncated episode's last observation is not kept
         assert out.done and all(s.idle and s.proc is None and s.closing is None for s in stage.slots)
     finally:
         stage.kill()
@@ -498,6 +499,41 @@ def test_worker_count_must_match_the_group(cluster: Cluster) -> None:
         WorkerGroup(LiberoEnvWorker, cluster, 1, kwargs={"cfg": cfg}, init_distributed=False, cpus_per_rank=0.5)
 
 
+def test_a_truncated_episode_hands_out_the_observation_it_stopped_at() -> None:
+    """``final_observations`` (RL's PPO): an episode that runs to the cap without success comes back with the
+    observation after its last command, the one no decision was taken on. A stage (no Ray) of 2 slots, cap 26
+    (10 settle + one chunk of 16): slot 0 moves the arm, slot 1 idles. Slot 0's final observation is what a bare
+    simulator shows after the same commands, bit for bit, and differs from the one its decision was taken on.
+    (Without the option nothing is handed out: the test of closing idle slots above.)"""
+    move = np.tile(NOOP, (16, 1))
+    move[:, 0] = 0.5  # +x for the whole chunk: the arm is elsewhere at the cap
+    cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
+                        max_episode_steps=26, final_observations=True).validate(1)
+    stage = EnvStage(0, [EnvSlot(i, [Episode(0, i)], cfg) for i in range(2)], cfg.image_size)
+    try:
+        stage.start_processes()
+        stage.run()
+        decided = stage.output().obs
+        stage.step(np.stack([move, np.tile(NOOP, (16, 1))]))
+        out = stage.output()
+    finally:
+        stage.kill()
+    assert sorted((r.trial_id, r.steps, r.success_once) for r in out.results) == [(0, 26, False), (1, 26, False)]
+    finals = {f.slot_id: f for f in out.final_obs}
+    assert sorted(finals) == [0, 1] and all(f.attempt == 1 for f in finals.values())
+    assert all(f.prompt == SPATIAL_PROMPTS[0] for f in finals.values())
+    assert all(f.main_image.shape == (256, 256, 3) and f.main_image.dtype == np.uint8 for f in finals.values())
+    assert not np.array_equal(finals[0].main_image, decided[MAIN_IMAGES][0]), "the arm moved: a new view"
+    assert all(slot.final_observations == [] for slot in stage.slots)  # handed out once
+    with LiberoSimProcess(name="bare") as proc:
+        proc.make("libero_spatial", 0, seed=0)
+        proc.reset(0)
+        proc.chunk_step(np.tile(NOOP, (NUM_SETTLE_STEPS, 1)))
+        bare = proc.chunk_step(move)
+    assert np.array_equal(bare["main_image"], finals[0].main_image)
+    assert np.array_equal(bare["wrist_image"], finals[0].wrist_image)
+
+
 def _scripted_solution() -> tuple[np.ndarray, int]:
     """Commands of the scripted pick-place policy that solve libero_spatial task 0 from init state 0
     (closed loop on privileged state in a bare simulator), padded with 16 no-ops, and the policy
@@ -523,14 +559,17 @@ def _scripted_solution() -> tuple[np.ndarray, int]:
 def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Cluster, tmp_path: Path) -> None:
     """Two envs side by side: trial 0 replays the scripted solution in 16-step chunks (a success: the
     episode ends exactly at its first successful step), trial 1 idles with no-ops to the cap (a failure).
-    Both are recorded, only the failure's mp4 is written; the simulators are gone after close. The
+    Both are recorded, only the failure's mp4 is written, only the failure hands out its final observation
+    (``final_observations``); the simulators are gone after close. The
     results say how high each lifted the bowl (``object_lift_m``): the success carried it, the no-ops never did."""
     padded, first_success = _scripted_solution()
     succeeds_at = NUM_SETTLE_STEPS + first_success + 1
     cap = succeeds_at + 16  # the success ends its episode before the cap
     cfg = EnvEvalConfig(suite="libero_spatial", task_ids=[0], trials_per_task=2, total_num_envs=2,
-                        max_episode_steps=cap, save_video="failures", video_dir=str(tmp_path / "videos"))
+                        max_episode_steps=cap, save_video="failures", video_dir=str(tmp_path / "videos"),
+                        final_observations=True)
     results: list[EpisodeResult] = []
+    finals: list = []
     with env_group(cluster, cfg) as group:
         _call(group, "setup")
         out = _call(group, "observe", 0)
@@ -541,6 +580,7 @@ def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Clust
                      for trial in out.obs[TRIAL_IDS].tolist()]
             out = _call(group, "chunk_step", 0, np.stack(chunk), out.obs[SLOT_IDS])
             results.extend(out.results)
+            finals.extend(out.final_obs)
             done_at += 16
         _call(group, "close")
     by_trial = {r.trial_id: r for r in results}
@@ -550,6 +590,8 @@ def test_save_video_failures_keeps_only_the_failed_episodes_video(cluster: Clust
     assert not by_trial[1].success_once and by_trial[1].video_path is not None
     assert by_trial[1].video_path.endswith("task00_trial01_failure.mp4")
     assert len(_decode(by_trial[1].video_path)) == cap
+    # with final_observations (PPO's bootstrap) only the episode that ran to the cap hands out where it stopped
+    assert [(f.slot_id, f.attempt) for f in finals] == [(by_trial[1].slot_id, 1)]
     assert [p.name for p in (tmp_path / "videos").rglob("*") if p.is_file()] == ["task00_trial01_failure.mp4"]
     assert not _wait_all_gone(pgids)
     # the simulator's ground truth tells the two apart: the replayed grasp carried the bowl, the no-ops never moved it

@@ -236,3 +236,22 @@ def test_kl_reference_is_the_start_policy(tiny_model_and_stats) -> None:
     assert float((reference - current).abs().max()) > 1e-3, "the update did not move the policy away"
     second = worker.update([0, 1, 2, 3], ADVANTAGES, 2)
     assert second["kl_ref"] > 0
+
+
+def test_the_value_of_an_observation_no_decision_is_taken_on(tiny_model_and_stats) -> None:
+    """PPO's bootstrap of a truncated episode: ``observation_values`` reads an observation as ``sample`` reads a
+    decision's (the same seed, the same value, bit for bit on unchanged weights) and keeps nothing: the next
+    decision ids go on where they were. GRPO has no value head to ask."""
+    worker = make_worker(tiny_model_and_stats, "algorithm.name=ppo")
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8)
+    seeds = [decision_seed(42, 1, env, 1, 3) for env in range(2)]
+    decided = worker.sample(images, images[::-1].copy(), TASKS[:2], seeds)
+    valued = worker.observation_values(images, images[::-1].copy(), TASKS[:2], seeds)
+    assert valued["values"] == decided["values"] and valued["sample_s"] > 0
+    other = worker.observation_values(images, images[::-1].copy(), TASKS[:2], [s + 1 for s in seeds])
+    assert other["values"] != decided["values"]  # the value is read at the seeded chain's SDE step
+    assert worker.sample(images, images, TASKS[:2], seeds)["ids"] == [2, 3]
+    grpo = make_worker(tiny_model_and_stats, "algorithm.name=grpo")
+    with pytest.raises(RuntimeError, match="needs the value head"):
+        grpo.observation_values(images, images, TASKS[:2], seeds)

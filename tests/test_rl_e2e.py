@@ -202,7 +202,7 @@ def test_sigterm_leaves_nothing_running(tiny_model_and_stats, tmp_path: Path) ->
 
 
 PPO_FINGERPRINT = FINGERPRINT + ("optimizer_steps", "update_decisions", "value_loss", "value_mean", "return_mean",
-                                 "value_grad_norm")
+                                 "value_grad_norm", "bootstrapped_episodes")
 """Iteration metrics a resumed PPO run reproduces exactly: the rollout's, and the update's values and losses."""
 
 
@@ -223,6 +223,10 @@ def test_ppo_trains_the_value_head_and_converts_as_grpo(ppo_run, tiny_model_and_
     assert scalars["optimizer_steps"] == {1: 2.0, 2: 2.0}   # 2 epochs x one minibatch of 4
     for name in ("value_loss", "value_clip_fraction", "value_mean", "return_mean", "value_grad_norm"):
         assert sorted(scalars[name]) == [1, 2], name
+    # every episode that ran to the cap bootstraps from the value of the observation it stopped at
+    for i in (1, 2):
+        truncated = scalars["episodes"][i] * (1.0 - scalars["success_rate"][i])
+        assert scalars["bootstrapped_episodes"][i] == pytest.approx(truncated) and truncated > 0, i
     for step in ("global_step_1", "global_step_2"):
         assert is_complete_checkpoint(ckpts / step) and (ckpts / step / VALUE_HEAD_FILE).is_file()
     out = tmp_path / "converted"

@@ -80,6 +80,30 @@ def test_ppo_decisions_by_hand() -> None:
     assert empty.decision_ids == [] and empty.returns == []
 
 
+def test_a_truncated_episode_bootstraps_from_the_observation_it_stopped_at() -> None:
+    """With the env's last observation valued (``final_values``), a truncated episode's last decision bootstraps
+    from that value instead of its own; a terminated episode's final value (None) changes nothing, and a truncated
+    one without a final value keeps the old stand-in (its last decision's own V)."""
+    g, lam = 0.99, 0.95
+    va, vb, vc = [0.5, 0.8], [0.1, 0.2, 0.4], [0.3]
+    final_b = 0.7
+    out = ppo_decisions([True, False, False], [[10, 12], [11, 13, 14], [15]], [va, vb, vc], g, lam,
+                        final_values=[None, final_b, None])
+    a1 = 1.0 - va[1]
+    a0 = (g * va[1] - va[0]) + g * lam * a1
+    b2 = g * final_b - vb[2]                           # V' = V(the observation after the cap's last command)
+    b1 = (g * vb[2] - vb[1]) + g * lam * b2
+    b0 = (g * vb[1] - vb[0]) + g * lam * b1
+    c0 = g * vc[0] - vc[0]                             # no final value: its own V stands in
+    assert out.returns == pytest.approx([a0 + va[0], a1 + va[1], b0 + vb[0], b1 + vb[1], b2 + vb[2], c0 + vc[0]],
+                                        abs=1e-12)
+    same = ppo_decisions([True, False, False], [[10, 12], [11, 13, 14], [15]], [va, vb, vc], g, lam)
+    assert same.returns[:2] == out.returns[:2] and same.returns[5] == out.returns[5]
+    assert same.returns[4] != pytest.approx(out.returns[4])
+    with pytest.raises(ValueError, match="3 outcomes but 2 final values"):
+        ppo_decisions([True, False, False], [[10, 12], [11, 13, 14], [15]], [va, vb, vc], g, lam, final_values=[None, 0.1])
+
+
 @pytest.mark.parametrize(("successes", "decisions", "values", "words"), [
     ([True], [[0, 1]], [[0.1]], "2 decisions but 1 values"),
     ([True, False], [[0]], [[0.1]], "2 outcomes, 1 decision lists"),
@@ -120,3 +144,17 @@ def test_ppo_values_follow_the_kept_decisions() -> None:
     collector._record([_result(0, 3, attempts=2)])
     (episode,) = collector.result.episodes
     assert episode.decision_ids == [1, 2] and episode.values == [0.25, -0.125]
+
+
+def test_a_truncated_episodes_final_value_goes_with_its_finishing_attempt() -> None:
+    """The value of the observation a truncated episode stopped at is kept by (slot, attempt): it goes with the
+    episode whose result names that attempt, and an episode that ended in success gets none."""
+    collector = RoundCollector(envs=None, actor=None, stages=1, seed=0, iteration=1, num_episodes=2, progress=False)
+    collector._pending[0] += [(2, 1)]
+    collector._pending[1] += [(1, 2)]
+    collector._values.update({1: 0.25, 2: 0.5})
+    collector._final_values[(0, 2)] = 0.75
+    collector._record([_result(0, 3, attempts=2), _result(1, 4, attempts=1, success=True)])
+    truncated, succeeded = collector.result.episodes
+    assert (truncated.final_value, succeeded.final_value) == (0.75, None)
+    assert not collector._final_values

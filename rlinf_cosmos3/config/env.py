@@ -86,6 +86,9 @@ class EnvEvalConfig:
     as NVIDIA's LIBERO evals run it. Fewer: feedback sooner, more requests per episode."""
     stop_on_success: bool = True
     """End an episode at its first successful step (the reference eval); else run to the cap."""
+    final_observations: bool = False
+    """Hand back, with the result of an episode that ran to the cap without success, the observation it stopped
+    at (RL's PPO bootstraps a truncated episode from its value). Off for the eval: nothing reads it there."""
     image_size: int = 256
     """Height and width of both cameras."""
     seed: int = 0

@@ -49,16 +49,18 @@ class RLEnvConfig:
     python: str | None = None
     """Interpreter of the simulator environment; None: ``.venv-libero`` (``rlinf_cosmos3.paths.libero_python``)."""
 
-    def env_worker_config(self, num_envs: int, executed_steps: int) -> EnvEvalConfig:
+    def env_worker_config(self, num_envs: int, executed_steps: int,
+                          final_observations: bool = False) -> EnvEvalConfig:
         """The env workers' config: ``num_envs`` slots, ``executed_steps`` commands per chunk, episodes ending at the
-        first success (the sparse reward's decision), no videos. The episodes themselves are handed per round."""
+        first success (the sparse reward's decision), no videos; ``final_observations``: a truncated episode's last
+        observation comes back with its result (PPO). The episodes themselves are handed per round."""
         return EnvEvalConfig(
             suite=self.suite, task_ids=None if self.task_ids is None else list(self.task_ids),
             init_state_ids=list(self.init_state_ids), total_num_envs=num_envs, num_workers=self.num_workers,
             max_episode_steps=self.max_episode_steps, num_settle_steps=self.num_settle_steps,
             open_loop_steps=executed_steps, stop_on_success=True, image_size=self.image_size, seed=self.seed,
             save_video="none", sim_timeout_s=self.sim_timeout_s, sim_startup_timeout_s=self.sim_startup_timeout_s,
-            max_episode_retries=self.max_episode_retries, python=self.python)
+            max_episode_retries=self.max_episode_retries, python=self.python, final_observations=final_observations)
 
     def validate(self, num_envs: int, executed_steps: int) -> EnvEvalConfig:
         """The section's values; returns the env workers' config, validated. The layout is checked here first so

@@ -13,8 +13,8 @@ have played, and the driver and the tests agree on them without any state.
 * :func:`ppo_decisions`: the same episodes with the value of each decision's observation -> every decision's GAE
   advantage (normalised over the round) and return (the value head's target), from per-decision rewards: 1 at
   the decision whose chunk reached success, which terminates the episode; 0 elsewhere. An episode that ran to the
-  suite's cap is truncated, not terminated: its last decision bootstraps from the value of the last observation
-  the policy saw (its own observation: the env does not hand out the one after the cap, one chunk later).
+  suite's cap is truncated, not terminated: its last decision bootstraps from the value of the observation the
+  episode stopped at (the env hands it out with the result; without it, the last decision's own observation).
 """
 
 from __future__ import annotations
@@ -96,12 +96,17 @@ def grpo_decisions(returns: Sequence[float], groups: Sequence[Hashable], decisio
 
 
 def ppo_decisions(successes: Sequence[bool], decisions: Sequence[Sequence[int]], values: Sequence[Sequence[float]],
-                  gamma: float, gae_lambda: float) -> RoundDecisions:
+                  gamma: float, gae_lambda: float,
+                  final_values: Sequence[float | None] | None = None) -> RoundDecisions:
     """PPO over a round's episodes: ``successes[i]`` (the episode ended at its first success), ``decisions[i]``
     (its decision ids, in order) and ``values[i]`` (the value head's ``V`` of each decision's observation, at
-    rollout). Every decision is kept; see the module docstring for rewards, termination and truncation."""
+    rollout); ``final_values[i]``: ``V`` of the observation a truncated episode stopped at (None, or no list: its
+    last decision's own ``V`` stands in). Every decision is kept; see the module docstring for rewards,
+    termination and truncation."""
     if not len(successes) == len(decisions) == len(values):
         raise ValueError(f"{len(successes)} outcomes, {len(decisions)} decision lists, {len(values)} value lists")
+    if final_values is not None and len(final_values) != len(successes):
+        raise ValueError(f"{len(successes)} outcomes but {len(final_values)} final values")
     for episode, (ids, vals) in enumerate(zip(decisions, values, strict=True)):
         if len(ids) != len(vals):
             raise ValueError(f"episode {episode}: {len(ids)} decisions but {len(vals)} values")
@@ -113,6 +118,7 @@ def ppo_decisions(successes: Sequence[bool], decisions: Sequence[Sequence[int]],
     v = torch.zeros(shape, dtype=torch.float64)
     rewards, valid = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.bool)
     terminated, truncated = torch.zeros(shape, dtype=torch.bool), torch.zeros(shape, dtype=torch.bool)
+    bootstrap = torch.zeros(shape, dtype=torch.float64)
     for episode, (vals, success) in enumerate(zip(values, successes, strict=True)):
         length = len(vals)
         if length == 0:
@@ -122,8 +128,10 @@ def ppo_decisions(successes: Sequence[bool], decisions: Sequence[Sequence[int]],
         last = length - 1
         rewards[last, episode] = 1.0 if success else 0.0
         (terminated if success else truncated)[last, episode] = True
-    # a truncated episode's V' is the value of its last observation (its last decision's own V)
-    next_v = next_values_of(v, torch.zeros(count, dtype=torch.float64), truncated, final_values=v)
+        final = None if final_values is None else final_values[episode]
+        bootstrap[last, episode] = v[last, episode] if final is None else float(final)
+    # a truncated episode's V' is the value of the observation it stopped at (else its last decision's own V)
+    next_v = next_values_of(v, torch.zeros(count, dtype=torch.float64), truncated, final_values=bootstrap)
     advantages, returns = compute_gae(rewards, v, next_v, terminated, truncated, gamma, gae_lambda)
     normalised = normalize_advantages(advantages, valid)
     ids, adv, ret = [], [], []

@@ -22,11 +22,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from rlinf_cosmos3.cluster import WorkerGroup
 from rlinf_cosmos3.rl.rollout_sampler import decision_seed
 from rlinf_cosmos3.workers.env.results import EpisodeResult
+from rlinf_cosmos3.workers.env.slot import FinalObservation
 from rlinf_cosmos3.workers.observation_keys import (
     ATTEMPTS,
     MAIN_IMAGES,
@@ -47,6 +49,9 @@ class CollectedEpisode:
     values: list[float] = field(default_factory=list)
     """PPO: the value head's ``V`` of each decision's observation, as the actor returned it (GAE's input); empty
     for GRPO."""
+    final_value: float | None = None
+    """PPO: ``V`` of the observation a truncated episode (the cap, no success) stopped at, its return's bootstrap;
+    None for GRPO and for an episode that ended in success."""
 
 
 @dataclass
@@ -61,7 +66,10 @@ class RoundResult:
     decisions: int = 0
     sample_calls: int = 0
     sample_s: float = 0.0
-    """Time the actor spent sampling (its own measure)."""
+    """Time the actor spent sampling (its own measure), the truncated episodes' final values included."""
+    final_values: int = 0
+    """PPO: truncated episodes whose last observation the actor valued (one ``observation_values`` call each
+    stage step that ended any)."""
     wall_s: float = 0.0
 
     @property
@@ -85,6 +93,8 @@ class RoundCollector:
         """env slot -> (attempt, decision id) of its current episode's decisions so far."""
         self._values: dict[int, float] = {}
         """PPO: decision id -> its value, as the actor's ``sample`` returned it."""
+        self._final_values: dict[tuple[int, int], float] = {}
+        """PPO: (env slot, attempt) -> the value of the observation its truncated episode stopped at."""
         self._bar = tqdm(total=num_episodes, desc=f"iteration {iteration}: rollout", unit="ep", dynamic_ncols=True,
                          disable=not progress, leave=False)
 
@@ -104,6 +114,8 @@ class RoundCollector:
     async def _stage_loop(self, env: Any, stage: int) -> None:
         out = await env.observe.remote(stage)
         while True:
+            if out.final_obs:
+                await self._value_final_observations(out.final_obs)
             self._record(out.results)
             if out.done or out.num_envs == 0:
                 if not out.done:
@@ -125,6 +137,19 @@ class RoundCollector:
             self.result.sample_s += reply["sample_s"]
             out = await env.chunk_step.remote(stage, reply["actions"], obs[SLOT_IDS])
 
+    async def _value_final_observations(self, finals: list[FinalObservation]) -> None:
+        """The actor's ``V`` of each truncated episode's last observation, seeded as the attempt's next decision
+        would have been (a re-run round repeats it)."""
+        seeds = [decision_seed(self.seed, self.iteration, f.slot_id, f.attempt,
+                               sum(a == f.attempt for a, _ in self._pending[f.slot_id])) for f in finals]
+        reply = await self.actor.observation_values.remote(
+            np.stack([f.main_image for f in finals]), np.stack([f.wrist_image for f in finals]),
+            [f.prompt for f in finals], seeds)
+        for final, value in zip(finals, reply["values"], strict=True):
+            self._final_values[(final.slot_id, final.attempt)] = float(value)
+        self.result.final_values += len(finals)
+        self.result.sample_s += reply["sample_s"]
+
     def _record(self, results: list[EpisodeResult]) -> None:
         for result in results:
             decisions = self._pending.pop(result.slot_id, [])
@@ -141,7 +166,8 @@ class RoundCollector:
                                    "last run's %d decisions count", self.iteration, result.task_id, result.trial_id,
                                    result.attempts, len(kept))
                 values = [self._values.pop(d) for d in kept] if self._values else []
-                self.result.episodes.append(CollectedEpisode(result, kept, values))
+                final = self._final_values.pop((result.slot_id, result.attempts), None)
+                self.result.episodes.append(CollectedEpisode(result, kept, values, final))
             self._bar.update(1)
             done = self.result.episodes
             if done:

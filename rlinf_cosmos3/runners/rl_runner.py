@@ -159,7 +159,8 @@ class RLRunner:
                 if start >= cfg.runner.max_iterations:
                     logger.info("nothing to do: already at iteration %d >= runner.max_iterations", start)
                     return
-                env_cfg = cfg.env.env_worker_config(cfg.rollout.num_envs, cfg.rollout.executed_steps)
+                env_cfg = cfg.env.env_worker_config(cfg.rollout.num_envs, cfg.rollout.executed_steps,
+                                                    final_observations=cfg.algorithm.name == "ppo")
                 with start_env_workers(cluster, env_cfg, cfg.env.pipeline_stage_num, episodes=[],
                                        keep_processes=True) as envs:
                     envs.call("setup")
@@ -239,7 +240,7 @@ class RLRunner:
         alg, kept = self.cfg.algorithm, collected.episodes
         if alg.name == "ppo":
             return ppo_decisions([bool(r) for r in returns], [e.decision_ids for e in kept], [e.values for e in kept],
-                                 alg.gamma, alg.gae_lambda)
+                                 alg.gamma, alg.gae_lambda, final_values=[e.final_value for e in kept])
         return grpo_decisions(returns, [(e.result.task_id, e.result.trial_id) for e in kept],
                               [e.decision_ids for e in kept], alg.advantage_eps)
 
@@ -258,6 +259,7 @@ class RLRunner:
             "decisions_total": counters["decisions"],
             "episodes": float(len(collected.episodes)), "failed_episodes": float(len(collected.failed)),
             "dropped_decisions": float(collected.dropped_decisions), "groups": float(groups),
+            "bootstrapped_episodes": float(collected.final_values),
             "groups_with_signal": float(groups_kept),
             "advantage_std": statistics.pstdev(advantages) if advantages else 0.0,
             "rollout_time_s": collected.wall_s, "sample_time_s": collected.sample_s,

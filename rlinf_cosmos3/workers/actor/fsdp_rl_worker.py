@@ -138,6 +138,18 @@ class FSDPRLWorker(Worker):
             reply["values"] = values.tolist()
         return {**reply, "sample_s": time.perf_counter() - started}
 
+    def observation_values(self, main_images: np.ndarray, wrist_images: np.ndarray, tasks: Sequence[str],
+                           seeds: Sequence[int]) -> dict[str, Any]:
+        """PPO: ``V`` of observations no decision is taken on (where a truncated episode stopped), read as a
+        decision's is (the pooled features of a sampled chain's SDE step, seeded by ``seeds``); nothing is kept."""
+        if self.critic is None:
+            raise RuntimeError("observation_values needs the value head (algorithm.name=ppo)")
+        started = time.perf_counter()
+        decisions = self.sampler.sample(main_images, wrist_images, list(tasks), seeds=list(seeds))
+        with torch.no_grad():
+            values = self.critic.values(decisions.chain.features).float()
+        return {"values": values.tolist(), "sample_s": time.perf_counter() - started}
+
     def discard(self) -> None:
         """Forget the decisions sampled since the last update (a round that did not finish)."""
         self._chains, self._values, self._num_decisions = [], [], 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,18 @@ SIM_FAILURES = (SimProcessError, SimCommandError)
 """Failures that cost the episode its attempt (and the process its life), not the whole eval."""
 # robosuite raises once its own horizon is passed; keep it beyond every cap.
 MIN_SIM_HORIZON = 1000
+
+
+@dataclass(frozen=True)
+class FinalObservation:
+    """What a truncated episode (the cap, no success) saw last: the observation after its last command, the one
+    no decision was taken on. PPO bootstraps the episode's return from its value."""
+
+    slot_id: int
+    attempt: int
+    main_image: np.ndarray
+    wrist_image: np.ndarray
+    prompt: str
 
 
 class EnvSlot:
@@ -71,6 +84,9 @@ class EnvSlot:
         self.prompt = ""
         """What the policy is sent: ``task_description``, or ``env.eval.instruction_override``."""
         self.obs: dict[str, np.ndarray] = {}
+        self.final_observations: list[FinalObservation] = []
+        """Episodes that ran to the cap without success, with the observation each stopped at, not reported yet
+        (only with ``cfg.final_observations``; the stage hands them out with the results)."""
         self.success_once = False
         self.success_at_end = False
         self._queue: deque[Episode] = deque()
@@ -314,6 +330,9 @@ class EnvSlot:
             video_path = str(final) if final is not None else None
             self._video = None
         self._discard_video()
+        if self.cfg.final_observations and error is None and not self.success_once and self.obs:
+            self.final_observations.append(FinalObservation(self.slot_id, self.attempts, self.obs["main_image"],
+                                                            self.obs["wrist_image"], self.prompt))
         result = EpisodeResult(
             suite=self.episode.suite, task_id=self.episode.task_id, trial_id=self.episode.trial_id,
             success_once=self.success_once if error is None else False,

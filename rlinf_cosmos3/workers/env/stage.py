@@ -20,7 +20,7 @@ import numpy as np
 
 from rlinf_cosmos3.config.libero_suites import ACTION_DIM, STATE_DIM
 from rlinf_cosmos3.workers.env.results import EpisodeResult
-from rlinf_cosmos3.workers.env.slot import SIM_FAILURES, EnvSlot
+from rlinf_cosmos3.workers.env.slot import SIM_FAILURES, EnvSlot, FinalObservation
 from rlinf_cosmos3.workers.observation_keys import (
     ATTEMPTS,
     EPISODE_STEPS,
@@ -50,6 +50,9 @@ class StageOutput:
     obs: dict[str, Any]
     results: list[EpisodeResult] = field(default_factory=list)
     done: bool = False
+    final_obs: list[FinalObservation] = field(default_factory=list)
+    """With ``final_observations``: the last observation of each episode of ``results`` that ran to the cap
+    without success (its slot and attempt name it)."""
     started_s: float = 0.0
     finished_s: float = 0.0
 
@@ -136,9 +139,12 @@ class EnvStage:
         """The READY slots' observation batch and the results not reported yet; ``started_s`` is
         when the call that produced them began."""
         results, self._unreported = self._unreported, []
+        final_obs = [final for slot in self.slots for final in slot.final_observations]
+        for slot in self.slots:
+            slot.final_observations = []
         obs = self.observe()
         return StageOutput(obs=obs, results=results, done=self.done, started_s=started_s,
-                           finished_s=time.monotonic())
+                           finished_s=time.monotonic(), final_obs=final_obs)
 
     def observe(self) -> dict[str, Any]:
         ready = self.ready_slots()
