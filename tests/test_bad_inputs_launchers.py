@@ -98,6 +98,21 @@ def test_an_unknown_key_on_the_command_line_is_a_config_error(inputs, tmp_path) 
 
 
 @pytest.mark.slow
+def test_ranks_that_do_not_fit_the_machine_exit_2_without_a_traceback(inputs, tmp_path) -> None:
+    """The cluster's size is known only once Ray runs: a rank wanting more CPUs than any node has is still a
+    config error (exit 2, the field and the fix in one line), and Ray is stopped."""
+    proc = _launch("examples/sft/run_vla_sft.sh", "libero_sft_cosmos3_tiny", f"actor.model.model_path={inputs['model']}",
+                   f"data.dataset.root={inputs['data']}", f"data.dataset.stats_path={inputs['stats']}",
+                   f"data.latent_cache_dir={tmp_path / 'latents'}", f"runner.logs_dir={tmp_path / 'logs'}",
+                   f"runner.log_path={tmp_path / 'ckpts'}", "cluster.cpus_per_rank=100000", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "the ranks do not fit this cluster: config field 'cluster.num_cpu_ranks_per_node'" in out
+    assert "rank(s) = {CPU: " in out and "a smaller cluster.cpus_per_rank" in out
+    assert "Traceback" not in out and not (tmp_path / "ckpts").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.libero
 @pytest.mark.sglang
 def test_an_eval_whose_server_cannot_start_stops_ray_and_the_simulators(inputs, tmp_path) -> None:

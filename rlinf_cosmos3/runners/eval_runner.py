@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.cluster import Cluster, PlacementError, WorkerGroup
 from rlinf_cosmos3.config.eval import EvalConfig
 from rlinf_cosmos3.runners.eval_resume import ResumeState
 from rlinf_cosmos3.runners.eval_summary import (
@@ -230,6 +230,9 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
         except ServerStartError as err:  # e.g. a bad rollout.sglang.extra_server_args: the log tail says why
             logger.error("the rollout backend did not start (simulators, servers and Ray are stopped): %s", err)
             return 1
+        except PlacementError as err:  # known once Ray reports the cluster; Ray is stopped by then
+            logger.error("the env workers or servers do not fit this cluster: %s", err)
+            return 2
     logger.info("summary: success_once=%.4f success_at_end=%.4f num_trajectories=%d errors=%d "
                 "(%s, cap %s steps%s) wall %.1f s, %.2f env-steps/s; stages waited %.1f s on inference, "
                 "%.1f s on simulation",

@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
-from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.cluster import Cluster, PlacementError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError
 from rlinf_cosmos3.config.rl import RLConfig, sft_view
 from rlinf_cosmos3.models.cosmos3.identity import ModelIdentity
@@ -91,6 +91,9 @@ def run_rl(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
         RLRunner(cfg, resolved, run_dir.tensorboard, plan, evaluator, identity).run()
     except InsufficientSpaceError as err:
         logger.error("stopped: %s", err)
+        return 2
+    except PlacementError as err:  # known once Ray reports the cluster; Ray and the simulators are stopped by then
+        logger.error("the ranks do not fit this cluster: %s", err)
         return 2
     logger.info("logs: %s | TensorBoard: tensorboard --logdir %s | checkpoints: %s", run_dir.log_file,
                 run_dir.tensorboard, checkpoint_root(cfg))

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from rlinf_cosmos3.checkpoint.errors import InsufficientSpaceError
 from rlinf_cosmos3.checkpoint.layout import step_dir_name
-from rlinf_cosmos3.cluster import Cluster, WorkerGroup
+from rlinf_cosmos3.cluster import Cluster, PlacementError, WorkerGroup
 from rlinf_cosmos3.config import ConfigError, load_structured
 from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.runners.checkpoint_save import save_checkpoint_step
@@ -65,6 +65,9 @@ def run_sft(raw_cfg: DictConfig | dict[str, Any], config_name: str) -> int:
         SFTRunner(cfg, resolved, tensorboard_dir=run_dir.tensorboard, plan=plan, evaluator=evaluator).run()
     except InsufficientSpaceError as err:
         logger.error("stopped: %s", err)
+        return 2
+    except PlacementError as err:  # known once Ray reports the cluster; Ray is stopped by then
+        logger.error("the ranks do not fit this cluster: %s", err)
         return 2
     logger.info("logs: %s | TensorBoard: tensorboard --logdir %s | checkpoints: %s",
                 run_dir.log_file, run_dir.tensorboard, checkpoint_root(cfg))
