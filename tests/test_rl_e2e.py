@@ -182,6 +182,24 @@ def test_resume_reproduces_the_straight_run(straight_run, tiny_model_and_stats, 
     assert TrainerState.read(actor_dir(a) / TRAINER_STATE_FILE) == TrainerState.read(actor_dir(b) / TRAINER_STATE_FILE)
 
 
+def test_a_time_limit_stops_with_a_checkpoint_to_continue_from(straight_run, tiny_model_and_stats,
+                                                               tmp_path: Path) -> None:
+    """``runner.max_wall_time_s``: the iteration in progress finishes, is saved although not on the save interval,
+    and the run exits 0 naming that checkpoint; what it played is the straight run's first iteration."""
+    limited = _launch(tiny_model_and_stats, tmp_path, "runner.max_iterations=5", "runner.save_interval=5",
+                      "runner.max_wall_time_s=0.001")
+    log = (limited["run_dir"] / "rl_embodiment.log").read_text()
+    step = limited["ckpts"] / "global_step_1"
+    assert f"runner.max_wall_time_s=0.001 reached after iteration 1 of 5: stopped; continue with " \
+           f"runner.resume_dir={step}" in log
+    assert "iteration 2/5" not in log and [p.name for p in limited["ckpts"].iterdir()] == ["global_step_1"]
+    assert is_complete_checkpoint(step)
+    assert TrainerState.read(actor_dir(step) / TRAINER_STATE_FILE).extra["rl"]["iteration"] == 1
+    straight, stopped = _scalars(straight_run["run_dir"]), _scalars(limited["run_dir"])
+    for name in FINGERPRINT:
+        assert stopped[name] == {1: straight[name][1]}, name
+
+
 def test_sigterm_leaves_nothing_running(tiny_model_and_stats, tmp_path: Path) -> None:
     """SIGTERM to the driver during the first rollout: Ray, the actor, the env workers and the simulators all go."""
     mark = os.urandom(6).hex()

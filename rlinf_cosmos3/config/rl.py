@@ -168,6 +168,10 @@ class RLRunnerConfig:
     seed: int = 42
     """Seeds the init states' order, every decision's noise (per iteration, env, attempt and decision) and the
     minibatch shuffles."""
+    max_wall_time_s: float | None = None
+    """Stop cleanly once the iterations have run this long (seconds from the first rollout): the iteration in
+    progress finishes, a checkpoint is saved and the run exits 0, naming the checkpoint to continue from with
+    ``resume_dir`` (a time-limited job then loses nothing). None: no limit."""
 
 
 @dataclass
@@ -318,6 +322,9 @@ def check_runner(runner: RLRunnerConfig) -> None:
                 f"{interval} is not a multiple of runner.save_interval={runner.save_interval}: each evaluation "
                 "converts the checkpoint saved at its iteration",
                 f"use a multiple of {runner.save_interval}, e.g. runner.eval_interval={runner.save_interval}")
+    require(runner.max_wall_time_s is None or runner.max_wall_time_s > 0, "runner.max_wall_time_s",
+            f"must be > 0 or null, got {runner.max_wall_time_s}",
+            "give the run's time limit in seconds (it stops with a checkpoint), or null for none")
     keep = runner.max_checkpoints_to_keep
     require(keep is None or keep >= 1, "runner.max_checkpoints_to_keep", f"must be >= 1 or null (keep all), got {keep}",
             "set it to the number of newest checkpoints to keep, e.g. runner.max_checkpoints_to_keep=2")

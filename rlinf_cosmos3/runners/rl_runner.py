@@ -192,12 +192,18 @@ class RLRunner:
             writer.log(per_task, iteration, prefix="rl_task_success")
             bar.update(1)
             bar.set_postfix(success=f"{metrics['success_rate']:.2f}", kl=f"{metrics.get('approx_kl', 0.0):.2g}")
-            if iteration % cfg.runner.save_interval == 0 or iteration == total:
+            limit = cfg.runner.max_wall_time_s
+            out_of_time = limit is not None and metrics["wall_time_s"] >= limit
+            if iteration % cfg.runner.save_interval == 0 or iteration == total or out_of_time:
                 writer.flush()
                 saved = self._save(actors, iteration, counters)
                 if self.evaluator.due(iteration):
                     self.evaluator.submit(iteration, saved)
             self.evaluator.poll(writer)
+            if out_of_time and iteration < total:
+                logger.info("runner.max_wall_time_s=%g reached after iteration %d of %d: stopped; continue with "
+                            "runner.resume_dir=%s", limit, iteration, total, saved)
+                break
         bar.close()
 
     def _iteration(self, actors: WorkerGroup, envs: WorkerGroup, iteration: int,
