@@ -55,6 +55,7 @@ def _run(inputs, tmp_path: Path, *extra: str) -> str:
     (["cluster.num_cpu_ranks_per_node=2"], "cluster.num_cpu_ranks_per_node", "one rank for now"),
     (["env.init_state_ids=[0,50]"], "env.init_state_ids", "out of range"),
     (["env.python=/nonexistent/python"], "env.python", "simulator interpreter not found"),
+    (["runner.max_wall_time_s=0"], "runner.max_wall_time_s", "must be > 0 or null"),
 ])
 def test_bad_values_fail_before_ray(tiny_model_and_stats, tmp_path: Path, extra: list[str], field: str,
                                     words: str) -> None:
