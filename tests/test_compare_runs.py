@@ -108,6 +108,23 @@ def test_errored_episodes_count_as_failures_and_unshared_tasks_are_listed(tmp_pa
     assert "only in A (not compared): libero_spatial task 1" in out and rc == 1  # 10/10 -> 6/10: p ~0.04
 
 
+def test_init_states_select_the_episodes_compared(tmp_path: Path) -> None:
+    """``run:0-39`` compares the trained init states of runs that evaluated 0-49; ``AFTER BEFORE`` reads as a gain."""
+    before = _run_dir(tmp_path / "before", {0: (20, 50)})  # init states 0-19 succeed
+    after = _run_dir(tmp_path / "after", {0: (45, 50)})  # 0-44 succeed
+    rc, out, _ = _compare(f"{after}:0-39", f"{before}:0-39", "--alpha", "0.01", "--json", str(tmp_path / "cmp.json"))
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    (task,) = doc["tasks"]
+    assert (task["a"]["successes"], task["a"]["trials"], task["b"]["successes"], task["b"]["trials"]) == (40, 40, 20, 40)
+    assert rc == 1 and task["p_worse"] < 1e-6 and doc["run_a"] == f"{after.resolve()}:0-39"
+    rc, out, _ = _compare(f"{after}:40-49", f"{before}:40-49")
+    assert rc == 1 and "+0.0%" not in out  # held out: 5/10 after, 0/10 before
+    rc, _, err = _compare(f"{after}:60-69", before)
+    assert rc == 2 and "no episode of init states 60-69" in err
+    rc, _, err = _compare(f"{after}:x", before)
+    assert rc == 2 and "init states must be ids or ranges" in err
+
+
 def test_bad_inputs_exit_2_with_the_fix(tmp_path: Path) -> None:
     good = _run_dir(tmp_path / "good", {0: (3, 5)})
     other_suite = _run_dir(tmp_path / "goal", {0: (3, 5)}, suite="libero_goal")

@@ -1,15 +1,18 @@
 """Compare two eval runs task by task, with intervals and Fisher's exact test; exit 1 on a regression.
 
-    .venv/bin/python toolkits/eval/compare_runs.py RUN_A RUN_B [--key success_once] [--alpha 0.05] [--json out.json]
+    .venv/bin/python toolkits/eval/compare_runs.py RUN_A[:INIT_STATES] RUN_B[:INIT_STATES] [--key success_once] \
+        [--alpha 0.05] [--json out.json]
 
 RUN_A is the reference (e.g. yesterday's checkpoint), RUN_B the candidate; each is an eval run directory
-(the ``logs/<timestamp>-<config>`` that ``evaluations/run_eval.sh`` printed, holding results.jsonl). For
+(the ``logs/<timestamp>-<config>`` that ``evaluations/run_eval.sh`` printed, holding results.jsonl),
+optionally with the init states to compare (``run:0-39``: the trained ones of a run that evaluated 0-49). For
 every task both runs evaluated it prints both success rates with their Wilson 95 % intervals, B - A, the
 two-sided Fisher p-value (are they different at all) and the one-sided one (is B worse), then the same
 for all shared tasks pooled. Tasks are the instructed ones (success is their goal): a run with an instruction
 ablation or swap (``env.eval.instruction_override`` / ``init_states_from_task``) is compared task by task with a
 plain one, and its conditions are listed -- so ``compare_runs.py INSTRUCTED ABLATED`` gives, per task and
-pooled, the one-sided Fisher p that the ablation lowers the success (column ``p (B worse)``). Exit codes: 0 no significant regression, 1 B is worse than A on some task or
+pooled, the one-sided Fisher p that the ablation lowers the success (column ``p (B worse)``); and
+``compare_runs.py AFTER BEFORE`` the p that a training step (e.g. RL from its SFT start) raised it. Exit codes: 0 no significant regression, 1 B is worse than A on some task or
 pooled with one-sided p < --alpha (a CI gate), 2 bad input.
 """
 
@@ -20,12 +23,26 @@ import json
 import sys
 from pathlib import Path
 
+from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.tracking.compare import Comparison, RunComparison, compare_runs
 from rlinf_cosmos3.tracking.results_file import read_results
 
 
 def _line(c: Comparison) -> str:
     return (f"{c.name:<28} {c.a!s:>30} {c.b!s:>30} {c.difference:>+8.1%} {c.p_value:>9.3g} {c.p_worse:>9.3g}")
+
+
+def read_run(spec: str) -> list[dict]:
+    """``RUN_DIR[:INIT_STATES]`` -> its results rows, only those init states when given."""
+    run, _, ids = spec.partition(":")
+    try:
+        wanted = set(parse_id_list([ids], "init states")) if ids else None
+    except ValueError as err:
+        raise ValueError(f"{spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
+    rows = read_results(run, wanted)
+    if not rows:
+        raise ValueError(f"{spec!r}: no episode of init states {ids} in {run}")
+    return rows
 
 
 def print_conditions(result: RunComparison) -> None:
@@ -48,10 +65,15 @@ def print_table(result: RunComparison, alpha: float) -> None:
     print(f"regression at alpha={alpha:g}: " + (", ".join(c.name for c in worse) if worse else "none"))
 
 
+def _resolved(spec: str) -> str:
+    run, colon, ids = spec.partition(":")
+    return str(Path(run).resolve()) + colon + ids
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_a", type=Path, help="reference eval run directory")
-    parser.add_argument("run_b", type=Path, help="candidate eval run directory")
+    parser.add_argument("run_a", help="reference eval run directory, optionally :INIT_STATES (e.g. run:0-39)")
+    parser.add_argument("run_b", help="candidate eval run directory, optionally :INIT_STATES")
     parser.add_argument("--key", choices=("success_once", "success_at_end"), default="success_once")
     parser.add_argument("--alpha", type=float, default=0.05, help="one-sided significance level of a regression")
     parser.add_argument("--json", type=Path, help="also write the comparison here")
@@ -60,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
         return 2
     try:
-        result = compare_runs(read_results(args.run_a), read_results(args.run_b), args.key)
+        result = compare_runs(read_run(args.run_a), read_run(args.run_b), args.key)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -68,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result, args.alpha)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"run_a": str(args.run_a.resolve()), "run_b": str(args.run_b.resolve()), "key": args.key,
+        doc = {"run_a": _resolved(args.run_a), "run_b": _resolved(args.run_b), "key": args.key,
                "alpha": args.alpha, "tasks": [c.to_dict() for c in result.tasks.values()],
                "pooled": result.pooled.to_dict(),
                "only_a": [list(t) for t in result.only_a], "only_b": [list(t) for t in result.only_b],
