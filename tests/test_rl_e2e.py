@@ -132,6 +132,23 @@ def test_two_iterations_log_and_checkpoint(straight_run, tiny_model_and_stats) -
                                                              "decisions": 8.0}
 
 
+def test_the_run_plots_success_against_episodes(straight_run, tmp_path: Path) -> None:
+    """toolkits/plot_rl.py as a user runs it on the run directory, and the points it draws."""
+    done = subprocess.run([sys.executable, str(REPO / "toolkits/plot_rl.py"), str(straight_run["run_dir"]), "--out",
+                           str(tmp_path / "rl.png")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "rl.png").stat().st_size > 10_000, done.stderr
+    sys.path.insert(0, str(REPO / "toolkits"))
+    try:
+        import plot_rl
+    finally:
+        sys.path.remove(str(REPO / "toolkits"))
+    curves = plot_rl.success_vs_episodes(plot_rl.joined_rl_scalars([straight_run["run_dir"]]))
+    assert curves == {"rollout": ([2, 4], [0.0, 0.0])}
+    bad = subprocess.run([sys.executable, str(REPO / "toolkits/plot_rl.py"), str(tmp_path)], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "not an RL run directory" in bad.stderr
+
+
 def test_checkpoint_converts_and_evaluates(straight_run, tiny_model_and_stats, tmp_path: Path) -> None:
     """The RL checkpoint converts with the SFT converter and the converted model runs the eval launcher."""
     out = tmp_path / "converted"
