@@ -152,3 +152,22 @@ def test_the_language_proof_keeps_a_video_of_a_swapped_success(tmp_path) -> None
     for name, video in (("success", first / "videos/task1_trial41.mp4"), ("failure", first / "videos/task1_trial40.mp4"),
                         ("swap", swap / "videos/task8_trial1.mp4")):
         assert (tmp_path / "lp" / f"{name}.mp4").read_bytes() == video.read_bytes(), name
+
+
+def test_a_refused_training_launch_does_not_cost_the_report(tmp_path) -> None:
+    """A first SFT launch refused for its config leaves a run directory without scalars in logs/sft; the report
+    still draws the curves of the run that trained, and the results of the evals."""
+    from rlinf_cosmos3.tracking import ScalarWriter
+
+    work = tmp_path / "lp"
+    refused = work / "logs" / "sft" / "20261207-132300-libero_sft_cosmos3_small"
+    refused.mkdir(parents=True)
+    (refused / "run_embodiment.log").write_text("ERROR rlinf_cosmos3.sft: invalid config: ...\n")
+    with ScalarWriter(work / "logs" / "sft" / "20261207-132501-libero_sft_cosmos3_small" / "tensorboard",
+                      prefix="train") as writer:
+        for step in (1, 2):
+            writer.log({"loss": 3.0 / step, "action_loss": 1.0 / step, "lr": 1e-4, "grad_norm": 1.0}, step=step)
+    _eval_run(work / "logs", "eval_all_seed42", failed={2})
+    out = _report(work, LP_EXTRA_SEEDS="")
+    assert "no train/loss scalars" not in out and (work / "training_curves.png").stat().st_size > 10_000
+    assert json.loads((work / "report.json").read_text())["trained"]["success_once"]["overall"]["successes"] == 39

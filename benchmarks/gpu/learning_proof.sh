@@ -44,6 +44,8 @@
 #   call still leaves a checkpoint)  LP_RECORD_ENVS (16)
 #   LP_EXTRA_SEEDS ("43 44"; "" for none)  LP_EXTRA_STATES (the init states evaluated again with each extra
 #   seed; default LP_EVAL_STATES, e.g. 40-49 for the held-out ones only)  LP_EVAL_STATES (0-49)  LP_EVAL_ENVS (16)  LP_SFT_ARGS (extra Hydra overrides for SFT)
+#   LP_CONVERTED ($WORK/cosmos3_small_sft: the converted model the convert phase writes and the evals serve; e.g. an
+#   RL run's converted checkpoint, evaluated as the SFT one with LP_EVAL_NAME set so the SFT evals are kept)
 #   LP_EVAL_ARGS (extra Hydra overrides for eval)  LP_EVAL_NAME (suffix of the eval and report outputs, so an
 #   eval variant keeps the others: LP_EVAL_NAME=_ol8 LP_EVAL_ARGS=env.eval.open_loop_steps=8 -> logs/eval_*_ol8,
 #   report_ol8.json)  LP_RECORD_ARGS (record_demos.py flags after the suite, task, init states and output;
@@ -76,7 +78,7 @@ EXTRA_SEEDS="${LP_EXTRA_SEEDS-43 44}"  # set but empty: no extra seeds
 DEMOS="$WORK/demos"
 STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
 MODEL="$WORK/cosmos3_small"
-CONVERTED="$WORK/cosmos3_small_sft"
+CONVERTED="${LP_CONVERTED:-$WORK/cosmos3_small_sft}"  # what the convert phase writes and the evals serve
 LOGS="$WORK/logs"
 CKPTS="$WORK/sft/$(recipe experiment_name)/checkpoints"
 TIMES="$WORK/phase_times.txt"
@@ -254,9 +256,12 @@ for name, run, want in wanted:
     print(f"[learning_proof] {name} video: task {row['task_id']}, init state {row['trial_id']}{start}, {row['steps']} steps, "
           f"{Path(dst).stat().st_size / 2**20:.2f} MiB -> {dst}")
 EOF
-  # every SFT run directory, oldest first: a training resumed in a later call continues the curves
-  mapfile -t sft_runs < <(ls -dtr "$LOGS"/sft/*/ 2>/dev/null | sed 's:/$::')
-  [ ${#sft_runs[@]} -gt 0 ] && "$PY" toolkits/plot_training.py "${sft_runs[@]}" --out "$WORK/training_curves.png"
+  # every SFT run directory that logged, oldest first: a training resumed in a later call continues the curves (a
+  # launch refused for its config logged nothing and is left out; a curve that cannot be drawn costs no result)
+  mapfile -t sft_runs < <(ls -dtr "$LOGS"/sft/*/tensorboard 2>/dev/null | sed 's:/tensorboard$::')
+  if [ ${#sft_runs[@]} -gt 0 ]; then
+    "$PY" toolkits/plot_training.py "${sft_runs[@]}" --out "$WORK/training_curves.png" || say "no training curves"
+  fi
   say "phase wall times:"; cat "$TIMES" 2>/dev/null || true
 fi
 say "done: $WORK"
