@@ -146,3 +146,31 @@ def test_the_small_recipe_composes_and_its_values_validate() -> None:
     rl = load_structured(RLConfig, cfg).validate()
     assert (rl.cluster.num_gpus_per_node, rl.rollout.num_envs, rl.algorithm.group_size) == (1, 32, 8)
     assert rl.runner.eval_interval == 5 and rl.env.task_ids == [0]
+
+
+def test_the_online_eval_judges_the_suite_and_tasks_rl_trains_on(tiny_model_and_stats, tmp_path: Path) -> None:
+    """With ``runner.eval_interval`` the eval config (libero_spatial task 0 in the recipes) gets the RL env's suite and
+    tasks, unless the user's overrides name them; the eval process's own check accepts the result."""
+    from omegaconf import OmegaConf
+
+    from rlinf_cosmos3.config.rl import sft_view
+    from rlinf_cosmos3.runners.online_eval import OnlineEvaluator
+    from rlinf_cosmos3.validation.rl import load_rl_config
+    from rlinf_cosmos3.validation.rollout import served_identity
+
+    def online(*extra: str) -> tuple[RLConfig, list[str]]:
+        register_hydra_schema()
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+            raw = compose("libero_rl_cosmos3_tiny", overrides=_overrides(
+                tiny_model_and_stats, tmp_path, "env.suite=libero_goal", "env.task_ids=[1,4]", "runner.eval_interval=1",
+                "runner.online_eval.config_name=libero_spatial_cosmos3_eval_tiny", *extra))
+        cfg = load_rl_config(OmegaConf.to_container(raw, resolve=True), check_gpus=False)
+        return cfg, sft_view(cfg).runner.online_eval.overrides
+
+    cfg, overrides = online('runner.online_eval.overrides=["env.eval.init_state_ids=[40]"]')
+    assert overrides == ["env.eval.suite=libero_goal", "env.eval.task_ids=[1,4]", "env.eval.init_state_ids=[40]"]
+    OnlineEvaluator(sft_view(cfg), tmp_path / "run", served_identity(cfg.rollout.model)).check()  # composes, validates
+    _, overrides = online('runner.online_eval.overrides=["env.eval.task_ids=[4]"]')
+    assert overrides == ["env.eval.suite=libero_goal", "env.eval.task_ids=[4]"]
+    _, overrides = online("env.task_ids=null", 'runner.online_eval.overrides=["env.eval.suite=libero_goal"]')
+    assert overrides == ["env.eval.task_ids=null", "env.eval.suite=libero_goal"]

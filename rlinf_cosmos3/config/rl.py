@@ -22,6 +22,7 @@ the measured rollout throughput.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rlinf_cosmos3.config.base import PRECISIONS, require, require_one_of
@@ -165,6 +166,8 @@ class RLRunnerConfig:
     eval config ``online_eval.config_name`` with the embedded backend, in a process of its own); a multiple of
     ``save_interval``; null: no evaluation during training."""
     online_eval: OnlineEvalConfig = field(default_factory=OnlineEvalConfig)
+    """SFT's ``runner.online_eval``; it evaluates the suite and tasks of ``env`` unless its overrides set
+    ``env.eval.suite`` / ``env.eval.task_ids`` (:func:`online_eval_of`)."""
     seed: int = 42
     """Seeds the init states' order, every decision's noise (per iteration, env, attempt and decision) and the
     minibatch shuffles."""
@@ -202,6 +205,20 @@ class RLConfig:
         return self
 
 
+def online_eval_of(cfg: RLConfig) -> OnlineEvalConfig:
+    """``runner.online_eval`` evaluating what the rollouts train on: the eval config's suite and tasks become the RL
+    env's (``env.eval.suite``, ``env.eval.task_ids`` put before the user's overrides), unless those overrides set
+    them. Without this, the recipe's eval config (libero_spatial task 0) would silently judge a run on other tasks.
+    """
+    online, env = cfg.runner.online_eval, cfg.env
+    named = {override.lstrip("+~").split("=", 1)[0] for override in online.overrides}
+    implied = [] if "env.eval.suite" in named or "env.eval.suites" in named else [f"env.eval.suite={env.suite}"]
+    if "env.eval.task_ids" not in named:
+        tasks = "null" if env.task_ids is None else "[" + ",".join(str(t) for t in env.task_ids) + "]"
+        implied.append(f"env.eval.task_ids={tasks}")
+    return dataclasses.replace(online, overrides=[*implied, *online.overrides])
+
+
 def sft_view(cfg: RLConfig) -> SFTConfig:
     """The RL run as the SFT pieces read an SFT config: the policy loader and FSDP2 wrapping
     (``components.sft_trainer``), AdamW and its schedule, the checkpoint sizing, disk checks and retention
@@ -218,7 +235,7 @@ def sft_view(cfg: RLConfig) -> SFTConfig:
             experiment_name=runner.experiment_name, logs_dir=runner.logs_dir, log_path=runner.log_path,
             max_steps=runner.max_iterations, save_interval=runner.save_interval, log_interval=1,
             resume_dir=runner.resume_dir, max_checkpoints_to_keep=runner.max_checkpoints_to_keep, seed=runner.seed,
-            eval_interval=runner.eval_interval, online_eval=runner.online_eval),
+            eval_interval=runner.eval_interval, online_eval=online_eval_of(cfg)),
         actor=ActorConfig(
             micro_batch_size=1, global_batch_size=1, max_tokens_per_pack=actor.max_tokens_per_pack,
             model=ModelConfig(
