@@ -13,10 +13,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rlinf_cosmos3.id_lists import parse_id_list
+
 RESULTS_FILE = "results.jsonl"
 REQUIRED_FIELDS = ("task_id", "trial_id", "success_once", "success_at_end")
 
 logger = logging.getLogger(__name__)
+
+
+def split_run_spec(spec: str) -> tuple[str, set[int] | None]:
+    """``RUN_DIR[:INIT_STATES]`` (as the toolkits take a run) -> the run directory and its init states (None: all);
+    a ``ValueError`` names the spec when the states are not ids or ranges."""
+    run, _, ids = spec.partition(":")
+    try:
+        return run, set(parse_id_list([ids], "init states")) if ids else None
+    except ValueError as err:
+        raise ValueError(f"{spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
 
 
 def episode_key(row: dict[str, Any]) -> tuple[str, int, int]:

@@ -23,9 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.tracking.compare import Comparison, RunComparison, compare_runs
-from rlinf_cosmos3.tracking.results_file import read_results
+from rlinf_cosmos3.tracking.results_file import read_results, split_run_spec
 
 
 def _line(c: Comparison) -> str:
@@ -34,14 +33,10 @@ def _line(c: Comparison) -> str:
 
 def read_run(spec: str) -> list[dict]:
     """``RUN_DIR[:INIT_STATES]`` -> its results rows, only those init states when given."""
-    run, _, ids = spec.partition(":")
-    try:
-        wanted = set(parse_id_list([ids], "init states")) if ids else None
-    except ValueError as err:
-        raise ValueError(f"{spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
+    run, wanted = split_run_spec(spec)
     rows = read_results(run, wanted)
     if not rows:
-        raise ValueError(f"{spec!r}: no episode of init states {ids} in {run}")
+        raise ValueError(f"{spec!r}: no episode of init states {spec.partition(':')[2]} in {run}")
     return rows
 
 

@@ -35,11 +35,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlinf_cosmos3.id_lists import parse_id_list
 from rlinf_cosmos3.sim.object_lift import LIFTED_M, lift_label
 from rlinf_cosmos3.tracking.compare import RunComparison, ablation_comparison
 from rlinf_cosmos3.tracking.conditions import condition
-from rlinf_cosmos3.tracking.results_file import read_results
+from rlinf_cosmos3.tracking.results_file import read_results, split_run_spec
 from rlinf_cosmos3.tracking.success import SuccessRate, overall, success_by, success_by_task
 
 KEYS = ("success_once", "success_at_end")
@@ -47,11 +46,10 @@ KEYS = ("success_once", "success_at_end")
 
 def read_group(spec: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``RUN_DIR[:IDS]`` -> its selected results rows and where they came from."""
-    run, _, ids = spec.partition(":")
     try:
-        wanted = set(parse_id_list([ids], "init states")) if ids else None
+        run, wanted = split_run_spec(spec)
     except ValueError as err:
-        raise ValueError(f"--group {spec!r}: init states must be ids or ranges such as 0-39 or 0,3,7 ({err})") from err
+        raise ValueError(f"--group {err}") from err
     rows = read_results(run, wanted)
     failed: dict[str, list[int]] = {}
     never_lifted: dict[str, list[int]] = {}
