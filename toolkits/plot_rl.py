@@ -18,11 +18,10 @@ curves join (where iterations overlap, the later run's values are drawn).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from plot_training import read_scalars
+from plot_training import read_scalars, run_cli, save_figure
 
 Series = tuple[list[int], list[float]]
 
@@ -85,27 +84,11 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
             ax.legend(fontsize=8)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    fig.suptitle(" + ".join(run_dir.name for run_dir in run_dirs), fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, run_dirs, out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir",
-                        help="RL run directory (logs/<timestamp>-<config>); several: a run and its resumptions, in order")
-    parser.add_argument("--out", type=Path, help="PNG to write (default: <first run_dir>/rl_curves.png)")
-    args = parser.parse_args(argv)
-    try:
-        out = plot(args.run_dirs, args.out or args.run_dirs[0] / "rl_curves.png")
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}")
-    return 0
+    return run_cli(argv, __doc__, plot, "RL", "rl_curves.png")
 
 
 if __name__ == "__main__":

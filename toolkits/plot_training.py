@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PANELS = (("train/loss", "loss", True), ("train/action_loss", "action loss", True),
           ("train/lr", "learning rate", False), ("train/grad_norm", "grad norm (before clipping)", True))
@@ -65,6 +67,13 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
+    return save_figure(fig, run_dirs, out)
+
+
+def save_figure(fig: Any, run_dirs: list[Path], out: Path) -> Path:
+    """Title the figure with the runs it draws, write it as ``out`` (PNG) and free it."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(" + ".join(run_dir.name for run_dir in run_dirs), fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,19 +82,27 @@ def plot(run_dirs: list[Path], out: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_cli(argv: list[str] | None, doc: str | None, plot_runs: Callable[[list[Path], Path], Path], kind: str,
+            default_name: str) -> int:
+    """The command line of a curves tool: run directories in (a run and its resumptions), one PNG out, exit 2 with
+    the reason on a directory it cannot read."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir",
-                        help="SFT run directory (logs/<timestamp>-<config>); several: a run and its resumptions, in order")
-    parser.add_argument("--out", type=Path, help="PNG to write (default: <first run_dir>/training_curves.png)")
+                        help=f"{kind} run directory (logs/<timestamp>-<config>); several: a run and its resumptions, "
+                        "in order")
+    parser.add_argument("--out", type=Path, help=f"PNG to write (default: <first run_dir>/{default_name})")
     args = parser.parse_args(argv)
     try:
-        out = plot(args.run_dirs, args.out or args.run_dirs[0] / "training_curves.png")
+        out = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / default_name)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, __doc__, plot, "SFT", "training_curves.png")
 
 
 if __name__ == "__main__":
