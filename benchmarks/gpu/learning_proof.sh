@@ -55,14 +55,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-WORK="${1:?usage: $0 WORK [record,prepare,train,convert,eval,report]}"
-PHASES=",${2:-record,prepare,train,convert,eval,report},"
-mkdir -p "$WORK"
-WORK="$(cd "$WORK" && pwd)"
-if [ -n "${RLINF_DEVICE_PYTHON:-}" ]; then PY="$RLINF_DEVICE_PYTHON"
-elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
-else PY="$(command -v python3)"; fi
-export PYTHON="$PY"  # run_vla_sft.sh / run_eval.sh use it
+# WORK, PHASES, PY/PYTHON, TIMES; say, phase, timed, hydra_list
+source benchmarks/gpu/_phases.sh && phases_init learning_proof record,prepare,train,convert,eval,report "$@"
 
 SUITE="${LP_SUITE:-libero_spatial}"
 TASK="${LP_TASK:-0}"
@@ -81,16 +75,7 @@ MODEL="$WORK/cosmos3_small"
 CONVERTED="${LP_CONVERTED:-$WORK/cosmos3_small_sft}"  # what the convert phase writes and the evals serve
 LOGS="$WORK/logs"
 CKPTS="$WORK/sft/$(recipe experiment_name)/checkpoints"
-TIMES="$WORK/phase_times.txt"
 
-say() { echo "[learning_proof $(date +%H:%M:%S)] $*"; }
-phase() { case "$PHASES" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-timed() {  # timed NAME CMD...: run, append the wall time to $TIMES
-  local name="$1" t0; shift; t0=$(date +%s)
-  "$@"
-  echo "$name $(( $(date +%s) - t0 )) s" | tee -a "$TIMES"
-}
-hydra_list() { "$PY" -c "import sys; from rlinf_cosmos3.id_lists import parse_id_list; print('[' + ','.join(map(str, parse_id_list(sys.argv[1:], 'ids'))) + ']')" "$@"; }
 # Episode indexes of the dataset whose recorded init state is in the given list (meta/episodes keeps it).
 episodes_of_states() {
   "$PY" - "$DEMOS" "$@" <<'EOF'

@@ -29,14 +29,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-WORK="${1:?usage: $0 WORK [sft,baseline,rl,convert,final,report]}"
-PHASES=",${2:-sft,baseline,rl,convert,final,report},"
-mkdir -p "$WORK"
-WORK="$(cd "$WORK" && pwd)"
-if [ -n "${RLINF_DEVICE_PYTHON:-}" ]; then PY="$RLINF_DEVICE_PYTHON"
-elif [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"
-else PY="$(command -v python3)"; fi
-export PYTHON="$PY"
+# WORK, PHASES, PY/PYTHON, TIMES; say, phase, timed, hydra_list
+source benchmarks/gpu/_phases.sh && phases_init rl_proof sft,baseline,rl,convert,final,report "$@"
 
 SUITE="${RLP_SUITE:-libero_spatial}"
 TASK="${RLP_TASK:-0}"
@@ -50,15 +44,7 @@ STATS="$WORK/libero_native_frame_wise_relative_rot6d.json"
 START="$WORK/cosmos3_small_sft"
 RL_MODEL="$WORK/cosmos3_small_rl"
 RL_CKPTS="$WORK/rl/$(sed -n 's/^  experiment_name: *\([0-9A-Za-z_]*\).*/\1/p' "examples/rl/config/$RL_CONFIG.yaml" | head -1)/checkpoints"
-TIMES="$WORK/phase_times.txt"
 
-say() { echo "[rl_proof $(date +%H:%M:%S)] $*"; }
-phase() { case "$PHASES" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-timed() {  # timed NAME CMD...: run, append the wall time to $TIMES
-  local name="$1" t0; shift; t0=$(date +%s)
-  "$@"
-  echo "$name $(( $(date +%s) - t0 )) s" | tee -a "$TIMES"
-}
 # learning_proof.sh with this proof's suite, tasks, data and evals; the seed-42 eval is its own, the others extra
 lp() {
   LP_SUITE="$SUITE" LP_TASK="$TASK" LP_SFT_CONFIG="${RLP_SFT_CONFIG:-libero_sft_cosmos3_small}" \
@@ -85,7 +71,7 @@ if phase rl; then
   # shellcheck disable=SC2086
   timed rl bash examples/rl/run_vla_rl.sh "$RL_CONFIG" rollout.model.model_path="$START" \
     rollout.model.action_stats_path="$STATS" env.suite="$SUITE" \
-    "env.task_ids=$("$PY" -c "import sys; from rlinf_cosmos3.id_lists import parse_id_list; print(parse_id_list(sys.argv[1:], 'ids'))" $TASK | tr -d ' ')" \
+    "env.task_ids=$(hydra_list $TASK)" \
     runner.logs_dir="$WORK/logs/rl" runner.log_path="$WORK/rl" \
     ${RLP_ITERATIONS:+runner.max_iterations=$RLP_ITERATIONS} ${RLP_MAX_RL_S:+runner.max_wall_time_s=$RLP_MAX_RL_S} \
     ${resume:+runner.resume_dir=$resume} ${RLP_RL_ARGS:-}
