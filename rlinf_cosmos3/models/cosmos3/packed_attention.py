@@ -9,8 +9,8 @@ embeddings through the attention module's own layers, then masks by document:
 * text tokens of sample i attend causally to sample i's text only;
 * generation tokens of sample i attend to sample i's text and generation tokens only.
 
-Backends: ``flex`` (PyTorch FlexAttention with a document ``BlockMask`` built once per layout, kept
-with it and shared by all layers; GPU), ``loop`` (one SDPA call per sample and pathway, the stock processor's own
+Backends: ``flex`` (PyTorch FlexAttention with a document ``BlockMask`` built once per layout from its spans,
+kept with it and shared by all layers; GPU), ``loop`` (one SDPA call per sample and pathway, the stock processor's own
 call on each slice; exact, any device). ``auto`` picks ``flex`` on CUDA and ``loop`` elsewhere. With no
 layout set (inference, or a single sample), the stock processor runs unchanged.
 """
@@ -27,6 +27,7 @@ from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcess
 from torch import nn
 
 from rlinf_cosmos3.config.objective import ATTENTION_BACKENDS
+from rlinf_cosmos3.models.cosmos3.document_masks import document_block_mask
 from rlinf_cosmos3.models.cosmos3.packing import DocumentLayout
 
 _compiled_flex: Any = None
@@ -153,8 +154,6 @@ class PackedDocumentAttnProcessor:
 
     def _block_masks(self, device: torch.device) -> tuple[Any, Any]:
         """The two document masks of the active layout, built on first use and shared by all layers."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
         key = (str(device), id(self.layout))  # the layout's own cache: its masks outlive one call
         if key not in self._masks:
             layout = self.layout
@@ -169,9 +168,8 @@ class PackedDocumentAttnProcessor:
                 return gen_doc[q] == kv_doc[kv]
 
             self._masks[key] = (
-                create_block_mask(causal_within_doc, None, None, layout.und_len, layout.und_len, device=device),
-                create_block_mask(within_doc, None, None, layout.gen_len, layout.und_len + layout.gen_len,
-                                  device=device),
+                document_block_mask(text_doc, text_doc, layout.num_docs, causal_within_doc, causal=True),
+                document_block_mask(gen_doc, kv_doc, layout.num_docs, within_doc),
             )
         return self._masks[key]
 
