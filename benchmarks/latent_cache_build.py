@@ -10,14 +10,19 @@ library's own functions in one process (torch intra-op threads = ``--cpu-threads
 
 - ``reader``: the training reader (``LiberoLeRobotDataset``, video decoding) through a DataLoader of
   ``--workers`` processes, batches of 8, ``collate_samples`` - samples/s with nothing else running;
+- ``canvas_reader``: what the build reads before the VAE, through a DataLoader of ``--workers`` processes:
+  ``CanvasSamples`` sample by sample (``by_sample``) and ``CanvasEpisodes`` episode by episode
+  (``by_episode``, over the whole episodes of ``by_episode_samples``) - samples/s;
 - ``canvas``: ``PolicyProcessor.canvases`` (the [main | wrist] composition, bicubic antialiased) on
   one batch, in this process - ms per sample;
 - ``vae``: ``PolicyProcessor.encode_canvases`` (the frozen VAE through the diffusers pipeline's
   helpers) per ``--vae-batch`` - ms per sample, synchronised;
 - ``build``: ``latent_cache.build_cache`` with ``PolicyProcessor.encode_pixels`` (what the worker
   passes), for every (workers, VAE batch) pair - samples/s end to end, the cache deleted after -
-  twice: the canvas composed in this process from the reader's views (``canvas_here``, before), and
-  by the loader's workers through ``CanvasSamples`` (``canvas_in_workers``, what the SFT worker does).
+  three ways: the canvas composed in this process from the reader's views (``canvas_here``), by the
+  loader's workers through ``CanvasSamples`` (``canvas_in_workers``, sample by sample), and episode by
+  episode through ``CanvasEpisodes`` (``by_episode``, what the SFT worker does: each stored frame decoded
+  and composed once; over the first whole episodes that hold at least ``--samples`` samples).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from torch.utils.data import DataLoader, Subset
 
 from rlinf_cosmos3.data import LiberoDataConfig, LiberoLeRobotDataset, latent_cache
 from rlinf_cosmos3.data.collate import collate_samples
-from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasSamples
+from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasEpisodes, CanvasSamples
 from rlinf_cosmos3.models.cosmos3.configuration import sft_vae_dtype
 from rlinf_cosmos3.models.cosmos3.policy import Cosmos3Policy
 from rlinf_cosmos3.models.cosmos3.processor import PolicyProcessor
@@ -71,6 +76,14 @@ def reader_rate(reader: Any, samples: int, workers: int) -> float:
     return arrivals[0][1] / (arrivals[0][0] - t0)
 
 
+def episode_reader_rate(episodes: CanvasEpisodes, workers: int) -> float:
+    """Samples/s of whole episodes read and composed (``CanvasEpisodes``) through a DataLoader of ``workers``."""
+    loader = DataLoader(episodes, batch_size=None, num_workers=workers, collate_fn=latent_cache.keep_as_read)
+    t0 = time.perf_counter()
+    count = sum(len(episode.positions) for episode in loader)
+    return count / (time.perf_counter() - t0)
+
+
 def processor_with(policy: Cosmos3Policy, vae_batch: int) -> PolicyProcessor:
     """The policy's processor with another ``vae_batch_size`` (the same pipeline and settings)."""
     cfg = dataclasses.replace(policy.cfg, vae_batch_size=vae_batch)
@@ -90,15 +103,29 @@ def timed(fn: Any, device: torch.device, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def build_rate(source: Any, processor: PolicyProcessor, samples: int, workers: int, work: Path) -> float:
-    """Samples/s of ``latent_cache.build_cache`` over the first ``samples`` samples (the cache then deleted)."""
+def build_rate(source: Any, processor: PolicyProcessor, samples: int, workers: int, work: Path,
+               episodes: CanvasEpisodes | None = None) -> float:
+    """Samples/s of ``latent_cache.build_cache`` over the first ``samples`` samples, or over all of ``source``
+    read by ``episodes`` (the cache then deleted)."""
     cache = work / f"cache_w{workers}_b{processor.cfg.vae_batch_size}"
+    source = source if episodes is not None else Subset(source, range(samples))
     t0 = time.perf_counter()
-    latent_cache.build_cache(Subset(source, range(samples)), processor.encode_pixels, cache, {"benchmark": 1},
-                             batch_size=processor.cfg.vae_batch_size, num_workers=workers)
+    latent_cache.build_cache(source, processor.encode_pixels, cache, {"benchmark": 1},
+                             batch_size=processor.cfg.vae_batch_size, num_workers=workers, episodes=episodes)
     elapsed = time.perf_counter() - t0
     shutil.rmtree(cache)
-    return samples / elapsed
+    return len(source) / elapsed
+
+
+def whole_episodes(data_cfg: LiberoDataConfig, reader: LiberoLeRobotDataset, samples: int) -> LiberoLeRobotDataset:
+    """The reader over its first episodes that hold at least ``samples`` samples (all of them if fewer)."""
+    kept, count = [], 0
+    for episode in reader.sample_episodes():
+        kept.append(episode)
+        count += len(reader.episode_positions(episode))
+        if count >= samples:
+            break
+    return LiberoLeRobotDataset(dataclasses.replace(data_cfg, episodes=kept))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, min(args.cpu_threads, os.cpu_count() or 1)))
     device = torch.device(args.device)
-    reader = LiberoLeRobotDataset(LiberoDataConfig(root=args.data, stats_path=args.stats, complete_chunks_only=False))
+    data_cfg = LiberoDataConfig(root=args.data, stats_path=args.stats, complete_chunks_only=False)
+    reader = LiberoLeRobotDataset(data_cfg)
     samples = min(args.samples, len(reader))
     policy = Cosmos3Policy.from_pretrained(args.model, device=device, vae_dtype=sft_vae_dtype(device.type == "cuda"))
     doc: dict[str, Any] = {"device": device_name(device),
@@ -125,6 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     for workers in args.workers:
         doc["reader"][f"workers_{workers}"] = rate = reader_rate(reader, samples, workers)
         print(f"reader, {workers} workers: {rate:.1f} samples/s", flush=True)
+    episode_reader = whole_episodes(data_cfg, reader, samples)
+    doc["by_episode_samples"] = len(episode_reader)
+    doc["canvas_reader"] = {}
+    for workers in args.workers:  # side by side: the same samples, read both ways
+        by_sample = reader_rate(CanvasSamples(episode_reader, policy.cfg), len(episode_reader), workers)
+        by_episode = episode_reader_rate(CanvasEpisodes(episode_reader, policy.cfg), workers)
+        doc["canvas_reader"][f"workers_{workers}"] = {"by_sample": by_sample, "by_episode": by_episode}
+        print(f"canvas reader, {workers} workers: {by_sample:.1f} samples/s by sample, {by_episode:.1f} by episode "
+              f"({by_episode / by_sample:.1f}x)", flush=True)
     batch = collate_samples([reader[i] for i in range(max(args.vae_batch))])
     for size in args.vae_batch:
         processor = processor_with(policy, size)
@@ -136,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         doc["vae"][f"batch_{size}"] = ms = 1000 * timed(lambda p=processor, c=on_device: p.encode_canvases(c),
                                                         device) / size
         print(f"vae, batch {size}: {ms:.1f} ms/sample", flush=True)
-    sources = {"canvas_here": reader, "canvas_in_workers": CanvasSamples(reader, policy.cfg)}
+    sources = {"canvas_here": (reader, None), "canvas_in_workers": (CanvasSamples(reader, policy.cfg), None),
+               "by_episode": (CanvasSamples(episode_reader, policy.cfg), CanvasEpisodes(episode_reader, policy.cfg))}
     with tempfile.TemporaryDirectory(prefix="latent_cache_bench_") as work:
         for workers in args.workers:
             for size in args.vae_batch:
-                for name, source in sources.items():  # side by side, alternating
-                    rate = build_rate(source, processor_with(policy, size), samples, workers, Path(work))
+                for name, (source, episodes) in sources.items():  # side by side, alternating
+                    rate = build_rate(source, processor_with(policy, size), samples, workers, Path(work), episodes)
                     doc["build"][f"{name}_workers_{workers}_vae_batch_{size}"] = rate
                     print(f"build, {name}, {workers} workers, VAE batch {size}: {rate:.1f} samples/s", flush=True)
     if args.out:

@@ -94,6 +94,21 @@ def recorded_libero_dataset(tmp_path_factory: pytest.TempPathFactory) -> Recorde
                            init_state_ids=tuple(cfg.init_state_ids), fps=cfg.fps, results=tuple(results))
 
 
+@pytest.fixture(scope="session")
+def short_libero_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two real libero_spatial episodes (init states 0 and 1) cut at 20 frames, repo id ``local/short``: small
+    enough for VAE work on CPU, two episodes for what is shared by episode."""
+    from dataset_helpers import SHORT_FRAMES
+
+    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
+
+    cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0, 1],
+                       out=tmp_path_factory.mktemp("short_libero") / "dataset", repo_id="local/short",
+                       max_steps=SHORT_FRAMES, keep_failed=True, num_envs=2)
+    record_demos(cfg, show_progress=False)
+    return cfg.out
+
+
 # This process's CPU scheduling when the session started. SVT-AV1 (lerobot's video encoder) run as root
 # switches the thread that encodes to SCHED_FIFO 99; were that the pytest process, every later thread and
 # child (torch's OpenMP pool, Ray, simulators, servers) would be real-time too, and spinning real-time

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+SHORT_FRAMES = 20
+"""Frames of each episode of the ``short_libero_recording`` fixture (conftest.py)."""
+
 MAIN, WRIST = "observation.images.image", "observation.images.wrist_image"
 STATE, ACTION = "observation.state", "action"
 

@@ -58,3 +58,27 @@ def run_on_ranks(tmp_path: Path, fn, *args, world_size: int = 2) -> None:
     torch.multiprocessing.start_processes(
         _rank_entry, args=(world_size, str(store), fn, args), nprocs=world_size, start_method="forkserver"
     )
+
+
+def run_as_thread_ranks(world_size: int, fn) -> None:
+    """``fn(rank, barrier)`` on ``world_size`` threads that share a real ``threading.Barrier`` (for collective
+    code that takes a barrier callable, e.g. ``latent_cache.build_cache``); a rank's error aborts the barrier
+    and is raised here."""
+    import threading
+
+    barrier = threading.Barrier(world_size)
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            fn(r, barrier.wait)
+        except BaseException as err:  # noqa: BLE001 - raised below, after every thread ended
+            errors.append(err)
+            barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

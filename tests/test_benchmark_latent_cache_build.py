@@ -1,5 +1,6 @@
 """``benchmarks/latent_cache_build.py`` on CPU: every part it reports is measured through the library
-(a real LeRobot dataset, the tiny Cosmos3, ``build_cache`` with the canvas composed both ways) and
+(a real LeRobot dataset, the tiny Cosmos3, ``build_cache`` sample by sample with the canvas composed both
+ways, and episode by episode) and
 written as positive rates."""
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def test_latent_cache_build_benchmark_reports_every_part(tiny_model_and_stats, t
     doc = json.loads(out.read_text())
     assert doc["samples"] == 6 and doc["vae_dtype"] == "torch.float32"
     rates = [doc["reader"]["workers_0"], doc["canvas"]["batch_3"], doc["vae"]["batch_3"],
-             doc["build"]["canvas_here_workers_0_vae_batch_3"], doc["build"]["canvas_in_workers_workers_0_vae_batch_3"]]
+             doc["build"]["canvas_here_workers_0_vae_batch_3"], doc["build"]["canvas_in_workers_workers_0_vae_batch_3"],
+             doc["build"]["by_episode_workers_0_vae_batch_3"]]
+    assert doc["by_episode_samples"] >= 6
+    assert doc["canvas_reader"]["workers_0"]["by_sample"] > 0 and doc["canvas_reader"]["workers_0"]["by_episode"] > 0
     assert all(rate > 0 for rate in rates), doc
     assert not list(Path(bench.tempfile.gettempdir()).glob("latent_cache_bench_*"))  # the caches were deleted

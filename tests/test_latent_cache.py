@@ -1,6 +1,6 @@
 """The latent cache: frozen-VAE latents of a real recorded LIBERO dataset, computed once and reused.
 
-A short real recording (one libero_spatial episode cut at 20 steps) keeps the VAE work small on CPU.
+A short real recording (two libero_spatial episodes cut at 20 steps) keeps the VAE work small on CPU.
 The cache's samples must be the reader's samples with latents instead of pixels; a cache made from
 other inputs is refused; an interrupted build leaves nothing that looks complete; and SFT through the
 launcher builds it on first use, reuses it, and resumes exactly with it.
@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from dataset_helpers import SHORT_FRAMES
+from dist_helpers import run_as_thread_ranks
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlinf_cosmos3.actions import compute_action_stats, read_lerobot_episode_actions, write_action_stats
@@ -31,21 +32,16 @@ from rlinf_cosmos3.models.cosmos3.tiny import write_model_dir
 pytestmark = [pytest.mark.libero]
 
 REPO = Path(__file__).resolve().parent.parent
-FRAMES = 20
+FRAMES = SHORT_FRAMES  # per episode; two episodes
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A 20-frame real LIBERO recording, its stats and a tiny random Cosmos3."""
-    from rlinf_cosmos3.demos.recorder import RecordConfig, record_demos
-
+def inputs(short_libero_recording: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two 20-frame real LIBERO episodes, their stats and a tiny random Cosmos3."""
     root = tmp_path_factory.mktemp("latent_cache")
-    cfg = RecordConfig(suite="libero_spatial", task_ids=[0], init_state_ids=[0], out=root / "dataset",
-                       repo_id="local/short", max_steps=FRAMES, keep_failed=True, num_envs=1)
-    record_demos(cfg, show_progress=False)
-    episodes = read_lerobot_episode_actions(cfg.out)
-    stats = compute_action_stats(episodes.episodes, metadata={"fps": cfg.fps})
-    return {"root": root, "data": cfg.out, "stats": write_action_stats(stats, root / "stats.json"),
+    episodes = read_lerobot_episode_actions(short_libero_recording)
+    stats = compute_action_stats(episodes.episodes, metadata={"fps": 20})
+    return {"root": root, "data": short_libero_recording, "stats": write_action_stats(stats, root / "stats.json"),
             "model": write_model_dir(root / "tiny", preset="tiny", seed=0)}
 
 
@@ -74,34 +70,19 @@ def built(inputs: dict[str, Path]) -> Path:
     model (as ranks do: the Wan VAE keeps per-call state on its modules, so one VAE is not thread-safe)."""
     reader = LiberoLeRobotDataset(_data_cfg(inputs))
     cache_dir = inputs["root"] / "cache"
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
     encoders = [Cosmos3Policy.from_pretrained(inputs["model"]).processor.encode_pixels for _ in range(2)]
-
-    def rank(r: int) -> None:
-        try:
-            lc.build_cache(reader, encoders[r], cache_dir, _key(inputs), rank=r, world_size=2,
-                           barrier=barrier.wait, batch_size=4)
-        except BaseException as err:  # noqa: BLE001 - reported by the test below
-            errors.append(err)
-            barrier.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_as_thread_ranks(2, lambda r, barrier: lc.build_cache(reader, encoders[r], cache_dir, _key(inputs), rank=r,
+                                                              world_size=2, barrier=barrier, batch_size=4))
     return cache_dir
 
 
 def test_cached_samples_are_the_readers_samples_with_latents(inputs, policy, built) -> None:
     reader = LiberoLeRobotDataset(_data_cfg(inputs))
     cached = lc.LatentCacheDataset(built)
-    assert len(cached) == len(reader) == FRAMES
+    assert len(cached) == len(reader) == 2 * FRAMES
     manifest = lc.read_manifest(built)
     assert manifest["world_size"] == 2 and manifest["latent_shape"] == [48, 5, 12, 20]
-    for i in (0, 7, FRAMES - 1):  # the last one has padded frames and actions
+    for i in (0, 7, FRAMES - 1):  # the last of episode 0 has padded frames and actions
         sample, pixels = cached[i], reader[i]
         for key in ("actions", "action_is_pad", "frame_is_pad", "state", "episode_index", "frame_index", "index"):
             assert torch.equal(sample[key], pixels[key]), key
@@ -228,7 +209,9 @@ def test_sft_builds_the_cache_once_reuses_it_and_resumes_exactly(inputs, tmp_pat
     (run_dir,) = list((first / "logs").iterdir())
     log = (run_dir / "run_embodiment.log").read_text()
     assert "none yet: the ranks build it" in log
-    assert lc.read_manifest(cache)["num_samples"] == FRAMES
+    assert "encoded 20 samples" in proc.stdout + proc.stderr and "(read by episode)" in proc.stdout + proc.stderr, \
+        "each of the 2 ranks encodes one whole episode"
+    assert lc.read_manifest(cache)["num_samples"] == 2 * FRAMES
     built_at = lc.read_manifest(cache)["created_at"]
 
     from hydra import compose, initialize_config_dir

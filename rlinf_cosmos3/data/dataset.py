@@ -46,6 +46,7 @@ from rlinf_cosmos3.actions import ActionNormalizer, ActionStatsError, count_idle
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.config.data import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
 from rlinf_cosmos3.data.checks import DatasetMismatchError, check_dataset_info
+from rlinf_cosmos3.data.episode_reader import EpisodeReader, EpisodeSamples
 from rlinf_cosmos3.data.image_frames import ImageFeatureWindows
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         )
         self.episodes = episodes if episodes is not None else list(range(meta.total_episodes))
         self._rows = _complete_chunk_rows(self._dataset, meta, cfg) if cfg.complete_chunks_only else None
+        self._episode_reader: EpisodeReader | None = None
         if len(self) == 0:
             raise DatasetMismatchError(
                 "complete_chunks_only",
@@ -107,6 +109,30 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
         episode = self._dataset.hf_dataset.data.column("episode_index").to_numpy()
         return episode[self._rows] if self._rows is not None else episode
 
+    @property
+    def lerobot_dataset(self) -> LeRobotDataset:
+        """lerobot's dataset underneath (its metadata, root and frame table)."""
+        return self._dataset
+
+    def sample_episodes(self) -> list[int]:
+        """The episodes that have samples, in order (nothing decoded)."""
+        return self._episodes().episodes()
+
+    def episode_positions(self, episode: int) -> np.ndarray:
+        """The positions of ``episode``'s samples in this reader (nothing decoded)."""
+        return self._episodes().positions(episode)
+
+    def read_episode(self, episode: int) -> EpisodeSamples:
+        """All of ``episode``'s samples, each camera frame decoded once (:mod:`~rlinf_cosmos3.data.episode_reader`):
+        for work that reads every sample, e.g. a latent cache build, where sample by sample decodes each frame
+        ``num_frames`` times."""
+        return self._episodes().read(episode)
+
+    def _episodes(self) -> EpisodeReader:
+        if self._episode_reader is None:
+            self._episode_reader = EpisodeReader(self._dataset, self.cfg, self._rows, VIDEO_BACKEND, self.actions_10)
+        return self._episode_reader
+
     def __getitem__(self, idx: int) -> dict[str, Any]:
         if not 0 <= idx < len(self):
             raise IndexError(f"sample {idx} out of range for {len(self)} samples")
@@ -117,7 +143,7 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
             item.update({f"{key}_is_pad": is_pad for key in frames})
         sample: dict[str, Any] = {name: _uint8(item[key], key) for key, name in self._image_names.items()}
         sample["frame_is_pad"] = item[f"{self.cfg.image_keys[0]}_is_pad"]
-        sample["actions"], sample["idle_frames"] = self._actions_10(item[ACTION_KEY])
+        sample["actions"], sample["idle_frames"] = self.actions_10(item[ACTION_KEY])
         sample["action_is_pad"] = item[f"{ACTION_KEY}_is_pad"]
         sample["state"] = item[STATE_KEY].to(torch.float32)
         sample["prompt"] = item["task"]
@@ -125,7 +151,7 @@ class LiberoLeRobotDataset(torch.utils.data.Dataset):
             sample[key] = item[key].to(torch.int64)
         return sample
 
-    def _actions_10(self, actions_7: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def actions_10(self, actions_7: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """7-D stored actions -> normalised 10-D float32 (maths in float64 inside the helpers) and the
         chunk's idle-step count (on the raw 10-D actions, padded steps included)."""
         normalized, a10 = encode_model_actions(actions_7.numpy(), self.normalizer)

@@ -64,14 +64,14 @@ class ImageFeatureWindows:
         table = self._rows[rows.tolist()]
         cells = {key: table.column(key).to_pylist() for key in self.keys}
         if len(self.keys) == 1:
-            return {key: _decode_png_column(c, key) for key, c in cells.items()}, is_pad
+            return {key: decode_png_column(c, key) for key, c in cells.items()}, is_pad
         # One thread per camera, as lerobot decodes videos (PIL releases the GIL while decoding).
         with ThreadPoolExecutor(max_workers=len(self.keys)) as pool:
-            futures = {key: pool.submit(_decode_png_column, c, key) for key, c in cells.items()}
+            futures = {key: pool.submit(decode_png_column, c, key) for key, c in cells.items()}
             return {key: f.result() for key, f in futures.items()}, is_pad
 
 
-def _decode_png_column(cells: list[dict], key: str) -> torch.Tensor:
+def decode_png_column(cells: list[dict], key: str) -> torch.Tensor:
     """Stored image cells (``{"bytes", "path"}``) -> uint8 ``[T, 3, H, W]`` RGB."""
     images = []
     for cell in cells:

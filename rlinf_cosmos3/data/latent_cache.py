@@ -12,7 +12,8 @@ error that names the difference, never a silent reuse. Layout::
 
     <latent_cache_dir>/
       manifest.json              key, sample count, shapes, dtypes, tasks; written last (complete or absent)
-      shard_<r>/                 rows of rank r's share: index.npy, x0_vision.npy (raw bf16/fp32 bits),
+      shard_<r>/                 rows of rank r's share (whole episodes when built by episode): position.npy
+                                 (each row's sample), index.npy, x0_vision.npy (raw bf16/fp32 bits),
                                  vision_frame_valid.npy, actions.npy, action_is_pad.npy, frame_is_pad.npy,
                                  state.npy, idle_frames.npy, task.npy, episode_index.npy, frame_index.npy
 """
@@ -30,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from rlinf_cosmos3.config.base import ConfigError
 from rlinf_cosmos3.config.data import LiberoDataConfig
 from rlinf_cosmos3.data.collate import collate_samples
+from rlinf_cosmos3.data.episode_reader import EpisodeSamples
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +52,25 @@ LATENT_KEY = "x0_vision"
 processor reads it and skips the VAE."""
 LATENT_VALID_KEY = "vision_frame_valid"
 """Batch key of the latent frames' validity (``[B, T_latent]`` bool) beside :data:`LATENT_KEY`."""
+POSITION_KEY = "position"
+"""Shard array of each row's sample position in the reader."""
 _FIELDS = ("actions", "action_is_pad", "frame_is_pad", "state", "idle_frames", "episode_index", "frame_index")
 _DTYPES = {"bfloat16": (torch.bfloat16, np.uint16), "float32": (torch.float32, np.float32),
            "float16": (torch.float16, np.float16)}
 
 EncodeFn = Callable[[Mapping[str, Any]], tuple[torch.Tensor, torch.Tensor]]
 """A batch of reader samples -> (clean latents ``[B, C, T, h, w]``, latent-frame validity ``[B, T]``)."""
+
+
+class EpisodeSource(Protocol):
+    """The samples of a dataset grouped by episode: item ``i`` reads episode ``i`` whole (pixels under the keys
+    the encoder reads), ``positions(i)`` says which dataset samples it holds without reading it."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> EpisodeSamples: ...
+
+    def positions(self, i: int) -> np.ndarray: ...
 
 
 class LatentCacheMismatch(ConfigError):
@@ -177,25 +192,38 @@ def build_cache(
     batch_size: int = 16,
     num_workers: int = 0,
     progress: bool = False,
+    episodes: EpisodeSource | None = None,
 ) -> Path:
     """Encode this rank's share of ``dataset`` into ``cache_dir`` (collective over ranks; rank 0 publishes).
 
+    With ``episodes`` (the same samples read episode by episode, :class:`EpisodeSource`) each rank encodes
+    whole episodes (``episodes[rank::world_size]``), every stored frame decoded once; without (or with fewer
+    episodes than ranks), it reads ``dataset[rank::world_size]`` sample by sample. Either way each row records its sample's position.
     Shards are written under a temporary directory next to ``cache_dir`` and renamed in place with
     the manifest last, so an interrupted build leaves no cache that could be mistaken for complete.
     """
     cache_dir = Path(cache_dir).expanduser()
     if len(dataset) < world_size:
         raise ValueError(f"{len(dataset)} samples cannot be shared by {world_size} ranks")
+    if episodes is not None and len(episodes) < world_size:
+        logger.info("latent cache: %d episodes for %d ranks: read sample by sample", len(episodes), world_size)
+        episodes = None
     staging = cache_dir.parent / f".{cache_dir.name}.building"
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     barrier()
-    indexes = _rank_share(len(dataset), rank, world_size)
     t0 = time.perf_counter()
-    shard = _encode_share(dataset, encode, indexes, staging / f"shard_{rank:05d}", batch_size, num_workers,
-                          progress and rank == 0)
-    logger.info("latent cache: rank %d encoded %d samples in %.1f s", rank, len(indexes), time.perf_counter() - t0)
+    out = staging / f"shard_{rank:05d}"
+    show = progress and rank == 0
+    if episodes is None:
+        count, shard = _encode_samples(dataset, encode, _rank_share(len(dataset), rank, world_size), out,
+                                       batch_size, num_workers, show)
+    else:
+        count, shard = _encode_episodes(episodes, encode, _rank_share(len(episodes), rank, world_size), out,
+                                        batch_size, num_workers, show)
+    logger.info("latent cache: rank %d encoded %d samples in %.1f s%s", rank, count, time.perf_counter() - t0,
+                " (read by episode)" if episodes is not None else "")
     barrier()
     if rank == 0:
         manifest = {"key": dict(key), "num_samples": len(dataset), "world_size": world_size, **shard,
@@ -215,49 +243,94 @@ def build_cache(
     return cache_dir
 
 
-def _encode_share(
-    dataset: Dataset, encode: EncodeFn, indexes: list[int], out: Path, batch_size: int, num_workers: int,
-    progress: bool,
-) -> dict[str, Any]:
-    """Write one rank's rows as .npy memmaps; returns the shapes/dtypes the manifest records."""
-    from tqdm import tqdm
+class _ShardWriter:
+    """One rank's rows as .npy memmaps (opened at the first batch, ``rows`` long)."""
 
-    out.mkdir(parents=True)
-    subset = torch.utils.data.Subset(dataset, indexes)
-    loader = DataLoader(subset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_samples,
-                        shuffle=False)
-    arrays: dict[str, np.memmap] = {}
-    task_ids: dict[str, int] = {}
-    meta: dict[str, Any] = {}
-    row = 0
-    bar = tqdm(total=len(indexes), desc="latent cache", unit="sample", disable=not progress, dynamic_ncols=True)
-    for batch in loader:
-        latents, valid = encode(batch)
+    def __init__(self, out: Path, rows: int) -> None:
+        out.mkdir(parents=True)
+        self.out, self.rows, self.row = out, rows, 0
+        self.arrays: dict[str, np.memmap] = {}
+        self.task_ids: dict[str, int] = {}
+        self.meta: dict[str, Any] = {}
+
+    def write(self, batch: Mapping[str, Any], positions: np.ndarray, latents: torch.Tensor,
+              valid: torch.Tensor) -> None:
         n = latents.shape[0]
         values = {
+            POSITION_KEY: np.asarray(positions, dtype=np.int64),
             "index": batch["index"].numpy(),
             LATENT_KEY: _to_numpy(latents),
             LATENT_VALID_KEY: valid.cpu().numpy().astype(bool),
             **{f: batch[f].numpy() for f in _FIELDS},
         }
         for prompt in batch["prompt"]:
-            task_ids.setdefault(prompt, len(task_ids))
-        values["task"] = np.array([task_ids[p] for p in batch["prompt"]], dtype=np.int32)
-        if not arrays:
-            meta = {"latent_dtype": str(latents.dtype).removeprefix("torch."),
-                    "latent_shape": list(latents.shape[1:])}
+            self.task_ids.setdefault(prompt, len(self.task_ids))
+        values["task"] = np.array([self.task_ids[p] for p in batch["prompt"]], dtype=np.int32)
+        if not self.arrays:
+            self.meta = {"latent_dtype": str(latents.dtype).removeprefix("torch."),
+                         "latent_shape": list(latents.shape[1:])}
             for name, value in values.items():
-                arrays[name] = np.lib.format.open_memmap(out / f"{name}.npy", mode="w+", dtype=value.dtype,
-                                                         shape=(len(indexes), *value.shape[1:]))
+                self.arrays[name] = np.lib.format.open_memmap(self.out / f"{name}.npy", mode="w+",
+                                                              dtype=value.dtype, shape=(self.rows, *value.shape[1:]))
         for name, value in values.items():
-            arrays[name][row : row + n] = value
-        row += n
-        bar.update(n)
-    bar.close()
-    for array in arrays.values():
-        array.flush()
-    (out / "tasks.json").write_text(json.dumps(list(task_ids)))
-    return meta
+            self.arrays[name][self.row : self.row + n] = value
+        self.row += n
+
+    def close(self) -> dict[str, Any]:
+        if self.row != self.rows:
+            raise RuntimeError(f"latent cache shard {self.out}: wrote {self.row} rows, expected {self.rows}")
+        for array in self.arrays.values():
+            array.flush()
+        (self.out / "tasks.json").write_text(json.dumps(list(self.task_ids)))
+        return self.meta
+
+
+def _encode_samples(
+    dataset: Dataset, encode: EncodeFn, indexes: list[int], out: Path, batch_size: int, num_workers: int,
+    progress: bool,
+) -> tuple[int, dict[str, Any]]:
+    """Write the rows of ``dataset[indexes]``, read sample by sample; returns (rows, manifest fields)."""
+    from tqdm import tqdm
+
+    writer = _ShardWriter(out, len(indexes))
+    loader = DataLoader(torch.utils.data.Subset(dataset, indexes), batch_size=batch_size,
+                        num_workers=num_workers, collate_fn=collate_samples, shuffle=False)
+    with tqdm(total=len(indexes), desc="latent cache", unit="sample", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for start, batch in zip(range(0, len(indexes), batch_size), loader, strict=True):
+            latents, valid = encode(batch)
+            writer.write(batch, np.asarray(indexes[start : start + latents.shape[0]]), latents, valid)
+            bar.update(latents.shape[0])
+    return len(indexes), writer.close()
+
+
+def _encode_episodes(
+    episodes: EpisodeSource, encode: EncodeFn, items: list[int], out: Path, batch_size: int, num_workers: int,
+    progress: bool,
+) -> tuple[int, dict[str, Any]]:
+    """Write the rows of the samples of ``episodes[items]``, each episode read once (in the loader's workers)
+    and its samples' windows encoded ``batch_size`` at a time; returns (rows, manifest fields)."""
+    from tqdm import tqdm
+
+    rows = sum(len(episodes.positions(i)) for i in items)
+    writer = _ShardWriter(out, rows)
+    loader = DataLoader(torch.utils.data.Subset(episodes, items), batch_size=None, num_workers=num_workers,
+                        collate_fn=keep_as_read, shuffle=False)
+    with tqdm(total=rows, desc="latent cache", unit="sample", disable=not progress, dynamic_ncols=True) as bar:
+        for episode in loader:
+            for start in range(0, len(episode.positions), batch_size):
+                chunk = slice(start, start + batch_size)
+                batch = collate_samples(episode.samples[chunk])
+                batch.update({name: frames[episode.windows[chunk]] for name, frames in episode.frames.items()})
+                latents, valid = encode(batch)
+                writer.write(batch, episode.positions[chunk], latents, valid)
+                bar.update(latents.shape[0])
+    return rows, writer.close()
+
+
+def keep_as_read(item: Any) -> Any:
+    """A DataLoader's collate for whole episodes (``batch_size=None``): the item as the dataset made it."""
+    return item
 
 
 def _to_numpy(latents: torch.Tensor) -> np.ndarray:
@@ -288,7 +361,8 @@ class LatentCacheDataset(Dataset):
             self._shards.append(arrays)
             self._tasks.append(json.loads((shard / "tasks.json").read_text()))
             rows = len(arrays[LATENT_KEY])
-            positions = _rank_share(self.num_samples, s, int(manifest["world_size"]))
+            positions = (np.asarray(arrays[POSITION_KEY]) if POSITION_KEY in arrays  # caches before 2026-12-07: none
+                         else _rank_share(self.num_samples, s, int(manifest["world_size"])))
             if len(positions) != rows:
                 raise ValueError(f"latent cache shard {shard} holds {rows} rows, expected {len(positions)}")
             self._where[positions] = np.stack([np.full(rows, s), np.arange(rows)], axis=1)

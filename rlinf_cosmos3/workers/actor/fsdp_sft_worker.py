@@ -30,7 +30,7 @@ from rlinf_cosmos3.config.sft import SFTConfig
 from rlinf_cosmos3.data import LiberoLeRobotDataset, collate_samples, latent_cache
 from rlinf_cosmos3.data.sampler import ResumableDistributedSampler
 from rlinf_cosmos3.data.stream import BatchStream
-from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasSamples
+from rlinf_cosmos3.models.cosmos3.canvas_samples import CanvasEpisodes, CanvasSamples
 from rlinf_cosmos3.models.cosmos3.configuration import sft_latent_cache_key
 from rlinf_cosmos3.validation.sft import load_sft_config
 
@@ -64,9 +64,10 @@ class FSDPSFTWorker(Worker):
         self.policy, selection = build_sft_policy(cfg, self.device, self.world_size)
         transformer = self.policy.transformer
         # The loader's workers compose each sample's canvas (in parallel, half the bytes to move).
-        self.dataset = CanvasSamples(self.dataset, self.policy.cfg)
+        reader = self.dataset
+        self.dataset = CanvasSamples(reader, self.policy.cfg)
         if cfg.data.latent_cache_dir:
-            self.dataset = self._latent_dataset(self.dataset)
+            self.dataset = self._latent_dataset(self.dataset, CanvasEpisodes(reader, self.policy.cfg))
         optimization = build_sft_optimization(transformer, cfg)
         self.optimizer, self.scheduler, self.ema = optimization.optimizer, optimization.scheduler, optimization.ema
 
@@ -84,8 +85,9 @@ class FSDPSFTWorker(Worker):
             "grad_accum_steps": self.grad_accum_steps,
         }
 
-    def _latent_dataset(self, source: Dataset) -> latent_cache.LatentCacheDataset:
-        """The latent cache of ``source`` (built now, by all ranks, if the directory holds none)."""
+    def _latent_dataset(self, source: Dataset, episodes: CanvasEpisodes) -> latent_cache.LatentCacheDataset:
+        """The latent cache of ``source`` (built now, by all ranks, if the directory holds none, reading
+        ``episodes``: the same samples, each stored frame decoded and composed once)."""
         cfg, vae = self.cfg, self.policy.vae
         key = sft_latent_cache_key(cfg, on_gpu=self.device.type == "cuda")
         cache_dir = Path(cfg.data.latent_cache_dir)
@@ -101,6 +103,7 @@ class FSDPSFTWorker(Worker):
                 source, encode, cache_dir, key, rank=self.rank, world_size=self.world_size,
                 barrier=dist.barrier if dist.is_initialized() else (lambda: None),
                 batch_size=self.policy.cfg.vae_batch_size, num_workers=cfg.data.num_workers, progress=True,
+                episodes=episodes,
             )
         dataset = latent_cache.LatentCacheDataset(cache_dir)
         if len(dataset) != len(source):
