@@ -46,6 +46,17 @@ def test_tiny_config_is_valid(paths) -> None:
     assert cfg.actor.model.lr_multipliers["action_proj_out"] == 5.0
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*_small.yaml")))
+def test_small_recipes_are_valid(paths, name: str) -> None:
+    """The small-model recipes (one task, libero_goal, libero_object) validate, each schedule whole (the learning
+    rate decays over exactly the steps it runs) and saving on its last step."""
+    cfg = load_sft_config(_compose(name, _tiny(paths, f"data.latent_cache_dir={paths['root']}/latents_{name}")),
+                          check_gpus=False)
+    assert cfg.runner.experiment_name == name
+    assert cfg.actor.optim.total_training_steps == cfg.runner.max_steps
+    assert cfg.runner.max_steps % cfg.runner.save_interval == 0
+
+
 def test_reference_recipe_values(paths) -> None:
     raw = _compose("libero_sft_cosmos3", _tiny(paths))
     cfg = load_sft_config(raw, check_gpus=False)
