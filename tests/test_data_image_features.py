@@ -155,3 +155,16 @@ def test_sft_loss_is_the_same_on_both_layouts(readers, layouts) -> None:
     assert torch.isfinite(loss_image) and loss_image.requires_grad
     assert torch.equal(loss_image, loss_video)
     assert all(torch.equal(metrics_image[k], metrics_video[k]) for k in metrics_video)
+
+
+def test_episodes_read_whole_give_the_same_samples(readers) -> None:
+    """``read_episode`` (each frame decoded once: video frames through lerobot, image cells as PNG) gives every
+    sample of both layouts exactly as ``reader[i]``, the padded tails included."""
+    for name, reader in readers.items():
+        positions = []
+        for episode in reader.sample_episodes():
+            read = reader.read_episode(episode)
+            for i, position in enumerate(read.positions):
+                _assert_same_sample(read.sample(i), reader[int(position)], f"{name} episode {episode} sample {i}")
+                positions.append(int(position))
+        assert positions == list(range(len(reader))), name
