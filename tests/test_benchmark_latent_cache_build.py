@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from dataset_helpers import write_libero_like
@@ -15,7 +16,10 @@ from dataset_helpers import write_libero_like
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_latent_cache_build_benchmark_reports_every_part(tiny_model_and_stats, tmp_path) -> None:
+def test_latent_cache_build_benchmark_reports_every_part(tiny_model_and_stats, tmp_path, monkeypatch) -> None:
+    scratch = tmp_path / "scratch"  # the benchmark's own temporary root, so other runs' leftovers in /tmp don't count
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     data = write_libero_like(tmp_path / "data", length=10)
     spec = importlib.util.spec_from_file_location("latent_cache_build_bench", REPO / "benchmarks/latent_cache_build.py")
     bench = importlib.util.module_from_spec(spec)
@@ -33,4 +37,5 @@ def test_latent_cache_build_benchmark_reports_every_part(tiny_model_and_stats, t
     assert doc["by_episode_samples"] >= 6
     assert doc["canvas_reader"]["workers_0"]["by_sample"] > 0 and doc["canvas_reader"]["workers_0"]["by_episode"] > 0
     assert all(rate > 0 for rate in rates), doc
-    assert not list(Path(bench.tempfile.gettempdir()).glob("latent_cache_bench_*"))  # the caches were deleted
+    assert bench.tempfile.gettempdir() == str(scratch)
+    assert not list(scratch.glob("latent_cache_bench_*"))  # the caches were deleted
