@@ -2,7 +2,8 @@
 # Evaluate a Cosmos3 policy in a simulator:
 #   bash evaluations/run_eval.sh libero <config-name> [hydra overrides...]
 #   e.g. bash evaluations/run_eval.sh libero libero_spatial_cosmos3_eval_tiny rollout.rollout_backend=embedded
-# Logs, results.jsonl, summary.json, TensorBoard and videos: logs/<timestamp>-<config-name>/.
+# Logs, results.jsonl, summary.json, TensorBoard and videos: logs/<timestamp>-<config-name>/
+# (runner.experiment_name=NAME names it logs/<timestamp>-NAME/ instead; runner.logs_dir=DIR moves it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIM="${1:-}"; CONFIG="${2:-}"

@@ -174,6 +174,25 @@ def test_a_save_video_mode_that_does_not_exist_is_refused_before_ray(inputs, tmp
         assert load_eval_config(_raw(inputs, f"env.eval.save_video={old}")).env.eval.save_video == mode
 
 
+def test_an_experiment_name_that_is_not_one_directory_is_refused(inputs, tmp_path) -> None:
+    err = _refused(inputs, "runner.experiment_name", "'a/b' is not a plain directory name", "runner.experiment_name=a/b")
+    assert "without '/'" in err.fix
+    _driver_refuses(inputs, tmp_path, "runner.experiment_name", "runner.experiment_name=a/b")  # logged in *-bad
+
+
+def test_the_experiment_name_names_the_run_directory(inputs, tmp_path) -> None:
+    from rlinf_cosmos3.runners.eval_runner import run_eval
+
+    logs = tmp_path / "logs"
+    assert run_eval(_raw(inputs, "runner.experiment_name=my_ablation", "env.eval.save_video=fails",
+                         f"runner.logs_dir={logs}"), config_name=TINY) == 2
+    (run_dir,) = logs.iterdir()
+    assert run_dir.name.endswith("-my_ablation"), run_dir
+    assert "config field 'env.eval.save_video'" in (run_dir / "eval_embodiment.log").read_text()
+    assert run_eval(_raw(inputs, "env.eval.save_video=fails", f"runner.logs_dir={logs}"), config_name=TINY) == 2
+    assert {p.name.split("-", 2)[-1] for p in logs.iterdir()} == {"my_ablation", TINY}  # unset: the config's name
+
+
 @pytest.mark.parametrize(("value", "text"), [(0, "must be >= 1, got 0"),
                                              (17, "17 but a request returns 16 commands")])
 def test_open_loop_steps_outside_the_chunk_are_refused(inputs, tmp_path, value, text) -> None:

@@ -18,13 +18,21 @@ from rlinf_cosmos3.config.replay import ReplayConfig
 from rlinf_cosmos3.config.rollout import EmbeddedConfig, RolloutModelConfig, SGLangConfig
 
 
+def is_plain_name(name: str) -> bool:
+    """A name that makes one directory: not empty, no path separator, not ``.`` or ``..``."""
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
 @dataclass
 class EvalRunnerConfig:
     """``runner``: where the run directory goes and what to report."""
 
     logs_dir: str = "logs"
-    """Run directory ``<logs_dir>/<timestamp>-<config>/``: log, results.jsonl, summary.json, TensorBoard, videos."""
-    experiment_name: str = "libero_eval_cosmos3"
+    """Run directory ``<logs_dir>/<timestamp>-<experiment_name>/``: log, results.jsonl, summary.json, TensorBoard,
+    videos."""
+    experiment_name: str | None = None
+    """The run directory's name after its timestamp; unset: the config's name (``libero_spatial_cosmos3_eval_tiny``
+    gives ``logs/<timestamp>-libero_spatial_cosmos3_eval_tiny/``)."""
     resume_dir: str | None = None
     """An earlier eval's run directory to finish instead of starting a new one: a run killed part way
     (a lost machine, a timeout) keeps the episodes its results.jsonl holds and runs only the missing
@@ -32,7 +40,12 @@ class EvalRunnerConfig:
     define the episodes must equal those in its config.yaml."""
 
     def validate(self, root: str = "runner") -> None:
-        """``resume_dir``, when set, must be an eval run directory (results.jsonl and config.yaml)."""
+        """``experiment_name``, when set, is one plain directory name; ``resume_dir``, when set, must be an eval
+        run directory (results.jsonl and config.yaml)."""
+        if self.experiment_name is not None:
+            require(is_plain_name(self.experiment_name), f"{root}.experiment_name",
+                    f"'{self.experiment_name}' is not a plain directory name",
+                    "use letters, digits, '-', '_' or '.', without '/'; runner.logs_dir says where runs go")
         if self.resume_dir is None:
             return
         # = tracking.results_file.RESULTS_FILE (not imported: config sits below tracking; test_eval_resume checks the name)

@@ -175,6 +175,15 @@ class PipelinedEvalRunner:
 EVAL_LOG_NAME = "eval_embodiment.log"
 
 
+def run_name(resolved: dict[str, Any], config_name: str) -> str:
+    """The run directory's name after its timestamp: ``runner.experiment_name`` when set (and a plain name;
+    otherwise the config check reports it from inside the run directory), else the config's name."""
+    from rlinf_cosmos3.config.eval import is_plain_name
+
+    name = (resolved.get("runner") or {}).get("experiment_name")
+    return name if isinstance(name, str) and is_plain_name(name) else config_name
+
+
 def run_eval(raw_cfg: Any, config_name: str) -> int:
     """Run an evaluation from a Hydra config; returns a process exit code (0 ok, 2 bad config, 1 when the
     rollout backend's servers do not start)."""
@@ -187,7 +196,7 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     if (resumed := resumable_dir(resolve_config(raw_cfg))) is not None:  # else the config check says why
         resolved, run_dir = resolve_config(raw_cfg), start_resumed_run(resumed, EVAL_LOG_NAME)
     else:
-        resolved, run_dir = start_run(raw_cfg, config_name, EVAL_LOG_NAME)
+        resolved, run_dir = start_run(raw_cfg, run_name(resolve_config(raw_cfg), config_name), EVAL_LOG_NAME)
     try:
         cfg = load_eval_config(resolved)
         # Ray actors may run elsewhere: hand them absolute paths; videos go inside the run directory.
