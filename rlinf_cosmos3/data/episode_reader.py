@@ -23,6 +23,7 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from lerobot.datasets.video_utils import decode_video_frames
 
 from rlinf_cosmos3.config.data import ACTION_KEY, STATE_KEY, LiberoDataConfig, image_output_name
+from rlinf_cosmos3.data.frame_windows import clamp_to_episode, row_lookup
 from rlinf_cosmos3.data.image_frames import decode_png_column
 
 ActionsFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -66,10 +67,8 @@ class EpisodeReader:
         self._columns = {name: table.column(name).to_numpy(zero_copy_only=False) for name in _COLUMNS[:5]}
         self._actions = np.stack(table.column(ACTION_KEY).to_numpy(zero_copy_only=False)).astype(np.float32)
         self._state = np.stack(table.column(STATE_KEY).to_numpy(zero_copy_only=False)).astype(np.float32)
-        index = self._columns["index"].astype(np.int64)
-        self._row_of = np.full(int(index.max()) + 1, -1, dtype=np.int64)  # absolute index -> table row
-        self._row_of[index] = np.arange(len(index))
-        sample_rows = rows if rows is not None else np.arange(len(index))
+        self._row_of = row_lookup(self._columns["index"])  # absolute index -> table row
+        sample_rows = rows if rows is not None else np.arange(len(self._columns["index"]))
         episode_of_sample = self._columns["episode_index"][sample_rows].astype(np.int64)
         self._sample_rows = sample_rows
         self._positions = {int(ep): np.flatnonzero(episode_of_sample == ep) for ep in np.unique(episode_of_sample)}
@@ -100,16 +99,17 @@ class EpisodeReader:
         absolute = self._columns["index"][rows].astype(np.int64)
         frame_query = absolute[:, None] + np.arange(cfg.num_frames)
         action_query = absolute[:, None] + np.arange(cfg.chunk_length)
-        windows = torch.from_numpy(np.clip(frame_query, start, end - 1) - start)
+        frame_rows, frame_is_pad = clamp_to_episode(frame_query, start, end)
+        action_rows, action_is_pad = clamp_to_episode(action_query, start, end)
+        windows = torch.from_numpy(frame_rows - start)
         samples = []
         for i, row in enumerate(rows):
-            actions_7 = torch.from_numpy(self._actions[self._row_of[np.clip(action_query[i], start, end - 1)]])
-            actions, idle = self._actions_10(actions_7)
+            actions, idle = self._actions_10(torch.from_numpy(self._actions[self._row_of[action_rows[i]]]))
             samples.append({
-                "frame_is_pad": torch.from_numpy((frame_query[i] < start) | (frame_query[i] >= end)),
+                "frame_is_pad": torch.from_numpy(frame_is_pad[i]),
                 "actions": actions,
                 "idle_frames": idle,
-                "action_is_pad": torch.from_numpy((action_query[i] < start) | (action_query[i] >= end)),
+                "action_is_pad": torch.from_numpy(action_is_pad[i]),
                 "state": torch.from_numpy(self._state[row]),
                 "prompt": meta.tasks.iloc[int(self._columns["task_index"][row])].name,
                 **{key: torch.tensor(int(self._columns[key][row]), dtype=torch.int64)

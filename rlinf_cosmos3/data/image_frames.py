@@ -26,6 +26,8 @@ from lerobot.datasets.io_utils import hf_transform_to_torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from PIL import Image
 
+from rlinf_cosmos3.data.frame_windows import clamp_to_episode, row_lookup
+
 
 class ImageFeatureWindows:
     """Frames ``index .. index + num_frames - 1`` of the image-feature cameras ``keys``.
@@ -44,9 +46,7 @@ class ImageFeatureWindows:
         self._rows = hf.with_format("arrow", columns=self.keys)  # raw PNG bytes, nothing decoded
         # lerobot keeps reading every other column; it no longer decodes any image.
         hf.set_transform(hf_transform_to_torch, columns=[c for c in hf.column_names if c not in meta.image_keys])
-        index = hf.with_format("arrow", columns=["index"])[:].column("index").to_numpy().astype(np.int64)
-        self._row_of = np.full(int(index.max()) + 1, -1, dtype=np.int64)  # dataset index -> row of hf
-        self._row_of[index] = np.arange(len(index))
+        self._row_of = row_lookup(hf.with_format("arrow", columns=["index"])[:].column("index").to_numpy())
         episodes = meta.episodes.select_columns(["episode_index", "dataset_from_index", "dataset_to_index"])
         self._bounds = {
             int(ep): (int(start), int(end))
@@ -57,18 +57,18 @@ class ImageFeatureWindows:
     def __call__(self, index: int, episode: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         start, end = self._bounds[episode]
         wanted = index + self.deltas
-        is_pad = torch.from_numpy((wanted < start) | (wanted >= end))
-        rows = self._row_of[np.clip(wanted, start, end - 1)]
+        clamped, is_pad = clamp_to_episode(wanted, start, end)
+        rows = self._row_of[clamped]
         if (rows < 0).any():
             raise IndexError(f"frames {wanted.tolist()} of episode {episode} are not among the loaded rows")
         table = self._rows[rows.tolist()]
         cells = {key: table.column(key).to_pylist() for key in self.keys}
         if len(self.keys) == 1:
-            return {key: decode_png_column(c, key) for key, c in cells.items()}, is_pad
+            return {key: decode_png_column(c, key) for key, c in cells.items()}, torch.from_numpy(is_pad)
         # One thread per camera, as lerobot decodes videos (PIL releases the GIL while decoding).
         with ThreadPoolExecutor(max_workers=len(self.keys)) as pool:
             futures = {key: pool.submit(decode_png_column, c, key) for key, c in cells.items()}
-            return {key: f.result() for key, f in futures.items()}, is_pad
+            return {key: f.result() for key, f in futures.items()}, torch.from_numpy(is_pad)
 
 
 def decode_png_column(cells: list[dict], key: str) -> torch.Tensor:
