@@ -178,15 +178,26 @@ def test_checkpoint_converts_and_evaluates(straight_run, tiny_model_and_stats, t
     assert summary["num_trajectories"] == 2 and summary["num_errors"] == 0
 
 
-def test_resume_reproduces_the_straight_run(straight_run, tiny_model_and_stats, tmp_path: Path) -> None:
-    resumed = _launch(tiny_model_and_stats, tmp_path, f"runner.resume_dir={straight_run['ckpts'] / 'global_step_1'}")
+def test_resume_reproduces_the_straight_run_and_a_time_limit_stops_it(straight_run, tiny_model_and_stats,
+                                                                     tmp_path: Path) -> None:
+    """Resumed from ``global_step_1`` with a longer plan (``runner.max_iterations=5``, ``save_interval=5``; the
+    learning rate is constant, so the plan's length changes nothing) and ``runner.max_wall_time_s``: it plays and
+    trains iteration 2 exactly as the straight run did (rollout fingerprint, weights, optimizer, trainer state);
+    the time limit then stops it after that iteration, saved although not on the save interval, and the run exits
+    0 naming the checkpoint to continue from."""
+    resumed = _launch(tiny_model_and_stats, tmp_path, f"runner.resume_dir={straight_run['ckpts'] / 'global_step_1'}",
+                      "runner.max_iterations=5", "runner.save_interval=5", "runner.max_wall_time_s=0.001")
     log = (resumed["run_dir"] / "rl_embodiment.log").read_text()
-    assert "resumed at iteration 1" in log and "iteration 1/2: rollout" not in log
-    assert [p.name for p in resumed["ckpts"].iterdir()] == ["global_step_2"]
+    assert "resumed at iteration 1" in log and "iteration 1/5: rollout" not in log
+    b = resumed["ckpts"] / "global_step_2"
+    assert f"runner.max_wall_time_s=0.001 reached after iteration 2 of 5: stopped; continue with " \
+           f"runner.resume_dir={b}" in log
+    assert "iteration 3/5" not in log and [p.name for p in resumed["ckpts"].iterdir()] == ["global_step_2"]
+    assert is_complete_checkpoint(b)
     straight_scalars, resumed_scalars = _scalars(straight_run["run_dir"]), _scalars(resumed["run_dir"])
     for name in FINGERPRINT:
         assert resumed_scalars[name] == {2: straight_scalars[name][2]}, name
-    a, b = straight_run["ckpts"] / "global_step_2", resumed["ckpts"] / "global_step_2"
+    a = straight_run["ckpts"] / "global_step_2"
     _assert_same_weights(a, b)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -197,24 +208,6 @@ def test_resume_reproduces_the_straight_run(straight_run, tiny_model_and_stats, 
     assert states[0]["optimizer"]["param_groups"] == states[1]["optimizer"]["param_groups"]
     assert states[0]["optimizer"]["state"].keys() == states[1]["optimizer"]["state"].keys()
     assert TrainerState.read(actor_dir(a) / TRAINER_STATE_FILE) == TrainerState.read(actor_dir(b) / TRAINER_STATE_FILE)
-
-
-def test_a_time_limit_stops_with_a_checkpoint_to_continue_from(straight_run, tiny_model_and_stats,
-                                                               tmp_path: Path) -> None:
-    """``runner.max_wall_time_s``: the iteration in progress finishes, is saved although not on the save interval,
-    and the run exits 0 naming that checkpoint; what it played is the straight run's first iteration."""
-    limited = _launch(tiny_model_and_stats, tmp_path, "runner.max_iterations=5", "runner.save_interval=5",
-                      "runner.max_wall_time_s=0.001")
-    log = (limited["run_dir"] / "rl_embodiment.log").read_text()
-    step = limited["ckpts"] / "global_step_1"
-    assert f"runner.max_wall_time_s=0.001 reached after iteration 1 of 5: stopped; continue with " \
-           f"runner.resume_dir={step}" in log
-    assert "iteration 2/5" not in log and [p.name for p in limited["ckpts"].iterdir()] == ["global_step_1"]
-    assert is_complete_checkpoint(step)
-    assert TrainerState.read(actor_dir(step) / TRAINER_STATE_FILE).extra["rl"]["iteration"] == 1
-    straight, stopped = _scalars(straight_run["run_dir"]), _scalars(limited["run_dir"])
-    for name in FINGERPRINT:
-        assert stopped[name] == {1: straight[name][1]}, name
 
 
 def test_sigterm_leaves_nothing_running(tiny_model_and_stats, tmp_path: Path) -> None:
