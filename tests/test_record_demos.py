@@ -366,29 +366,6 @@ def test_place_jitter_repeats_record_distinct_successful_demonstrations(tmp_path
 
 
 @pytest.mark.slow
-def test_approach_jitter_repeats_record_distinct_grasps_that_succeed(tmp_path) -> None:
-    """``--approach-jitter 0.03 --repeats 2`` on one init state: two successful episodes of that state that
-    differ from the approach on (each comes down onto the rim from its own point within 3 cm of the point
-    above the grasp) and still close the gripper on the bowl: the lift raises it, the simulator's check
-    passes."""
-    from rlinf_cosmos3.actions import read_lerobot_episode_actions
-
-    out = tmp_path / "approach"
-    rc = cli.main(["--suite", "libero_spatial", "--task-ids", "0", "--init-states", "0,", "--approach-jitter", "0.03",
-                   "--repeats", "2", "--num-envs", "2", "--camera-storage", "image", "--out", str(out),
-                   "--no-progress"])
-    assert rc == 0
-    episodes = LeRobotDataset("local/approach", root=out).meta.episodes
-    assert list(episodes["init_state_id"]) == [0, 0] and sorted(episodes["repeat"]) == [0, 1]
-    assert list(episodes["success"]) == [True, True]
-    a, b = read_lerobot_episode_actions(out).episodes[:2]
-    n = min(len(a), len(b))
-    first_diff = int(np.flatnonzero(np.abs(a[:n] - b[:n]).max(axis=1) > 1e-6)[0])
-    grip_closed = min(int(np.flatnonzero(x[:, 6] == 0.0)[0]) for x in (a, b))  # the stored gripper: 0 = closed
-    assert first_diff < grip_closed  # the approaches differ before either grasp
-
-
-@pytest.mark.slow
 def test_packed_videos_hold_the_same_frames_as_one_file_per_episode(recorded_libero_dataset, dataset,
                                                                      tmp_path) -> None:
     """The join's two video layouts: the session's recording (one MP4 per episode and camera, the default)
