@@ -41,6 +41,7 @@ def test_a_directory_packed_into_parts_unpacks_only_when_every_part_is_there(tmp
     assert done.returncode == 0, done.stderr
     assert (dest / "demos" / "data" / "file.bin").read_bytes() == payload
     assert (dest / "demos" / "info.json").read_text() == '{"episodes": 2}'
+    assert sorted(p.name for p in dest.iterdir()) == [".unpacked-demos", "demos"]  # no staging folder left
     assert not list((tmp_path / "carry").iterdir())  # the parts are deleted once unpacked
     later = _run(tmp_path, "unpack", str(dest), str(tmp_path / "carry" / "demos"), "4")  # a later call
     assert later.returncode == 0 and "already unpacked" in later.stdout

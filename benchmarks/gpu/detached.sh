@@ -9,7 +9,8 @@
 #
 # pack writes PREFIX.part00, part01, ... of at most PART_MB (default 52) MiB each: one per call, beside the
 # tree and the packages that call carries. unpack exits 3 (saying how many parts are there) while parts are
-# missing; once all are there it unpacks them, deletes them and leaves DEST/.unpacked-<PREFIX's name>, so a
+# missing; once all are there it unpacks them (into a staging folder, moved into DEST when whole), deletes
+# them and leaves DEST/.unpacked-<PREFIX's name>, so a
 # later call (parts no longer carried) exits 0 at once.
 #
 # start runs CMD in its own session (setsid), so it outlives the call that started it; its output goes to
@@ -37,8 +38,10 @@ case "$cmd" in
     src="$1" prefix="$2" mb="${3:-52}"
     [ -d "$src" ] || { echo "detached.sh pack: no directory $src" >&2; exit 2; }
     mkdir -p "$(dirname "$prefix")"
-    rm -f "$prefix".part*
-    tar -C "$(dirname "$src")" -cf - "$(basename "$src")" | split -b "${mb}M" -d -a 2 - "$prefix.part"
+    rm -f "$prefix".part* "$prefix".packing.part*
+    # split under another name, renamed once all are written: a pack killed half-way leaves no PREFIX.partNN set
+    tar -C "$(dirname "$src")" -cf - "$(basename "$src")" | split -b "${mb}M" -d -a 2 - "$prefix.packing.part"
+    for part in "$prefix".packing.part*; do mv "$part" "${part/.packing.part/.part}"; done
     n=$(ls "$prefix".part* | wc -l)
     echo "packed $src into $n part(s) of <= $mb MiB: $(ls "$prefix".part* | tr '\n' ' ')"
     ;;
@@ -55,8 +58,17 @@ case "$cmd" in
       echo "unpack: $have of $want parts of $prefix here; carry the rest"
       exit 3
     fi
-    mkdir -p "$dest"
-    cat $(ls "$prefix".part* | sort) | tar -C "$dest" -xf -
+    # unpacked beside DEST first and moved in whole: a call killed half-way leaves nothing in DEST that looks
+    # complete (e.g. learning_proof.sh skips its record phase when $WORK/demos exists)
+    staging="$dest/.unpacking-$(basename "$prefix")"
+    rm -rf "$staging" && mkdir -p "$staging"
+    cat $(ls "$prefix".part* | sort) | tar -C "$staging" -xf -
+    for entry in "$staging"/* "$staging"/.[!.]*; do
+      [ -e "$entry" ] || continue
+      rm -rf "$dest/$(basename "$entry")"
+      mv "$entry" "$dest/"
+    done
+    rmdir "$staging"
     rm -f "$prefix".part*
     touch "$marker"
     echo "unpacked $want parts into $dest: $(ls "$dest" | tr '\n' ' ')"

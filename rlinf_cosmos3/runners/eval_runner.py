@@ -193,10 +193,11 @@ def run_eval(raw_cfg: Any, config_name: str) -> int:
     from rlinf_cosmos3.tracking.run_dir import resolve_config
     from rlinf_cosmos3.validation.eval import load_eval_config
 
-    if (resumed := resumable_dir(resolve_config(raw_cfg))) is not None:  # else the config check says why
-        resolved, run_dir = resolve_config(raw_cfg), start_resumed_run(resumed, EVAL_LOG_NAME)
+    resolved = resolve_config(raw_cfg)
+    if (resumed := resumable_dir(resolved)) is not None:  # else the config check says why
+        run_dir = start_resumed_run(resumed, EVAL_LOG_NAME)
     else:
-        resolved, run_dir = start_run(raw_cfg, run_name(resolve_config(raw_cfg), config_name), EVAL_LOG_NAME)
+        resolved, run_dir = start_run(resolved, run_name(resolved, config_name), EVAL_LOG_NAME)
     try:
         cfg = load_eval_config(resolved)
         # Ray actors may run elsewhere: hand them absolute paths; videos go inside the run directory.
