@@ -47,6 +47,23 @@ def test_a_directory_packed_into_parts_unpacks_only_when_every_part_is_there(tmp
     assert later.returncode == 0 and "already unpacked" in later.stdout
 
 
+def test_parts_can_be_sized_one_by_one_to_fill_what_each_call_has_left(tmp_path) -> None:
+    src = tmp_path / "demos"
+    src.mkdir()
+    payload = os.urandom(5 * 1024 * 1024)
+    (src / "file.bin").write_bytes(payload)
+    bad = _run(tmp_path, "pack", str(src), str(tmp_path / "carry" / "demos"), "1,x")
+    assert bad.returncode == 2 and "whole MiB" in bad.stderr
+    packed = _run(tmp_path, "pack", str(src), str(tmp_path / "carry" / "demos"), "1,3,2")
+    assert packed.returncode == 0, packed.stderr
+    sizes = [p.stat().st_size for p in sorted((tmp_path / "carry").iterdir())]
+    mib = 1024 * 1024
+    assert sizes[:2] == [1 * mib, 3 * mib] and len(sizes) == 3 and 1 * mib < sizes[2] <= 2 * mib  # 5 MiB + headers
+    done = _run(tmp_path, "unpack", str(tmp_path / "device"), str(tmp_path / "carry" / "demos"), "3")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "device" / "demos" / "file.bin").read_bytes() == payload
+
+
 def test_a_detached_job_outlives_its_call_and_wait_reports_its_exit_code(tmp_path) -> None:
     job = ["bash", "-c", "echo begin; sleep 3; echo end; exit 7"]
     started = _run(tmp_path, "start", "job", "--", *job)

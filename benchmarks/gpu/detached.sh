@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A job longer than one device call (10 minutes), and inputs larger than one call may carry (64 MiB).
 #
-#   bash benchmarks/gpu/detached.sh pack SRC_DIR PREFIX [PART_MB]   # here: tar SRC_DIR, split into PREFIX.partNN
+#   bash benchmarks/gpu/detached.sh pack SRC_DIR PREFIX [PART_MB[,PART_MB...]]  # here: tar SRC_DIR, split into PREFIX.partNN
 #   bash benchmarks/gpu/detached.sh unpack DEST PREFIX NPARTS       # device: once all NPARTS parts are there,
 #                                                                   #   join and untar them into DEST
 #   bash benchmarks/gpu/detached.sh start NAME -- CMD [ARGS...]     # device: run CMD detached from this call
 #   bash benchmarks/gpu/detached.sh wait NAME [SECONDS] [TAIL_LINES] # device: wait for it, print its log's tail
 #
 # pack writes PREFIX.part00, part01, ... of at most PART_MB (default 52) MiB each: one per call, beside the
-# tree and the packages that call carries. unpack exits 3 (saying how many parts are there) while parts are
+# tree and the packages that call carries. A list (e.g. 11,24,53) sizes the first parts in order and repeats
+# its last size, so the parts fill what the package archives leave of each call's carry. unpack exits 3 (saying how many parts are there) while parts are
 # missing; once all are there it unpacks them (into a staging folder, moved into DEST when whole), deletes
 # them and leaves DEST/.unpacked-<PREFIX's name>, so a
 # later call (parts no longer carried) exits 0 at once.
@@ -37,10 +38,22 @@ case "$cmd" in
     [ $# -ge 2 ] || usage
     src="$1" prefix="$2" mb="${3:-52}"
     [ -d "$src" ] || { echo "detached.sh pack: no directory $src" >&2; exit 2; }
+    IFS=, read -r -a sizes <<< "$mb"
+    for size in "${sizes[@]}"; do
+      [[ "$size" =~ ^[1-9][0-9]*$ ]] || { echo "detached.sh pack: part sizes must be whole MiB > 0, got '$mb'" >&2; exit 2; }
+    done
     mkdir -p "$(dirname "$prefix")"
-    rm -f "$prefix".part* "$prefix".packing.part*
-    # split under another name, renamed once all are written: a pack killed half-way leaves no PREFIX.partNN set
-    tar -C "$(dirname "$src")" -cf - "$(basename "$src")" | split -b "${mb}M" -d -a 2 - "$prefix.packing.part"
+    rm -f "$prefix".part* "$prefix".packing.part* "$prefix".packing.tar
+    # written under other names, renamed once all are written: a pack killed half-way leaves no PREFIX.partNN set
+    tar -C "$(dirname "$src")" -cf "$prefix.packing.tar" "$(basename "$src")"
+    total=$(stat -c %s "$prefix.packing.tar") offset=0 i=0
+    while [ "$offset" -lt "$total" ]; do
+      size=$(( ${sizes[$(( i < ${#sizes[@]} ? i : ${#sizes[@]} - 1 ))]} * 1024 * 1024 ))
+      dd if="$prefix.packing.tar" of="$(printf '%s.packing.part%02d' "$prefix" "$i")" bs=1M status=none \
+        iflag=skip_bytes,count_bytes skip="$offset" count="$size"
+      offset=$((offset + size)) i=$((i + 1))
+    done
+    rm -f "$prefix.packing.tar"
     for part in "$prefix".packing.part*; do mv "$part" "${part/.packing.part/.part}"; done
     n=$(ls "$prefix".part* | wc -l)
     echo "packed $src into $n part(s) of <= $mb MiB: $(ls "$prefix".part* | tr '\n' ' ')"

@@ -34,7 +34,8 @@
 #   LP_TASK (0; several - "0-3", "0,2" - train one model on those tasks and evaluate each)
 #   LP_SFT_CONFIG (libero_sft_cosmos3_small; libero_goal_sft_cosmos3_small: the recipe for several goal tasks)
 #   LP_SWAP ("" ; e.g. "1:0 2:0": task 1 and task 2 each from task 0's init states)  LP_SWAP_STATES (0-9)
-#   LP_ABLATE (unset: no ablation; set, even to "", the constant instruction of the ablation eval)
+#   LP_ABLATE (unset: no ablation; set, even to "", the constant instruction of the ablation eval, run without videos)
+#   LP_ABLATE_STATES (the held-out init states of the ablation eval; default LP_HELD_OUT, e.g. 40-44 for half)
 #   LP_EVAL_PARALLEL (0; 1: all the evals at once, their start-ups overlapping; output in $WORK/eval_NAME.out)
 #   LP_TRAIN_REPEATS (all; e.g. 0: of several recorded demonstrations per init state, train on the first only)
 #   LP_TRAIN_STATES (0-39)  LP_HELD_OUT (40-49)  LP_STEPS, LP_SAVE_INTERVAL (the recipe's: 3520, 880)
@@ -175,7 +176,10 @@ if phase eval; then
     eval_job swap_seed42 42 "$SWAP_STATES" "$(swap_tasks)" "++env.eval.init_states_from_task=$(swap_dict)"
   fi
   if [ -n "${LP_ABLATE+set}" ]; then  # every task's held-out episodes with one constant instruction
-    eval_job ablate_seed42 42 "$HELD_OUT" "$TASK" env.eval.instruction_override="'$LP_ABLATE'"
+    # no videos: nothing reads them (the failure sheet leaves the ablation out), and rendering every step for
+    # them costs simulator time in its ~N x cap steps of mostly failed episodes
+    eval_job ablate_seed42 42 "${LP_ABLATE_STATES:-$HELD_OUT}" "$TASK" env.eval.instruction_override="'$LP_ABLATE'" \
+      env.eval.save_video=none
   fi
   failed=""
   for job in "${EVAL_PIDS[@]}"; do  # each one's result line and success rate, then whether it failed
