@@ -10,6 +10,7 @@ run them: without robosuite's repeated forward pass (``rlinf_cosmos3/sim/repeate
     .venv/bin/python benchmarks/sim_step_cost.py --num-envs 2 --rounds 3         # this box
     python3 benchmarks/sim_step_cost.py --num-envs 16 --rounds 4 --out $OUT/sim.json  # GPU host
     .venv/bin/python benchmarks/sim_step_cost.py --num-envs 1 --rounds 6 --compare-shipped
+    .venv/bin/python benchmarks/sim_step_cost.py --num-envs 1 --rounds 4 --with-frames   # the videos' cost
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def _timed(procs: list[LiberoSimProcess], cmd: str, **fields: object) -> float:
 
 
 def measure(num_envs: int, suite: str, rounds: int, settle_steps: int,
-            skip_repeated_forward: bool = True) -> dict[str, object]:
-    """Build ``num_envs`` envs (tasks cycled 0..3), then time make, reset, settle and chunk rounds."""
+            skip_repeated_forward: bool = True, with_frames: bool = False) -> dict[str, object]:
+    """Build ``num_envs`` envs (tasks cycled 0..3), then time make, reset, settle and chunk rounds; with
+    ``with_frames`` also the same number of rounds returning every step's frames (an eval that saves videos)."""
     procs = [LiberoSimProcess(name=f"sim{i}") for i in range(num_envs)]
     try:
         out: dict[str, object] = {"num_envs": num_envs, "suite": suite, "machine": platform.node(),
@@ -66,6 +68,11 @@ def measure(num_envs: int, suite: str, rounds: int, settle_steps: int,
         out["warm_chunk_round_s"] = statistics.median(warm)
         out["warm_env_steps_per_s"] = num_envs * ACTION_HORIZON / statistics.median(warm)
         out["warm_ms_per_env_step"] = 1000.0 * statistics.median(warm) / ACTION_HORIZON
+        if with_frames:  # every step renders both cameras and ships them back, as with env.eval.save_video
+            framed = [_timed(procs, "chunk_step", actions=chunk, return_frames=True) for _ in range(rounds)]
+            out["frames_chunk_round_s"] = framed
+            out["frames_warm_ms_per_env_step"] = 1000.0 * statistics.median(framed[1:] or framed) / ACTION_HORIZON
+            out["frames_over_last_step_only"] = out["frames_warm_ms_per_env_step"] / out["warm_ms_per_env_step"]
         return out
     finally:
         for proc in procs:
@@ -81,10 +88,13 @@ def main() -> None:
     p.add_argument("--compare-shipped", action="store_true",
                    help="then the same with robosuite's step as shipped (its repeated forward pass not skipped, "
                         "sim/repeated_forward.py): under 'shipped', and the ratio of the two warm steps")
+    p.add_argument("--with-frames", action="store_true",
+                   help="then as many rounds returning every step's frames (what an eval saving videos asks): "
+                        "under 'frames_*', and the ratio to rendering the chunk's last step only")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    result = measure(args.num_envs, args.suite, args.rounds, args.settle_steps)
+    result = measure(args.num_envs, args.suite, args.rounds, args.settle_steps, with_frames=args.with_frames)
     if args.compare_shipped:
         shipped = measure(args.num_envs, args.suite, args.rounds, args.settle_steps, skip_repeated_forward=False)
         result["shipped"] = shipped
