@@ -8,10 +8,10 @@
 #   bash benchmarks/gpu/detached.sh wait NAME [SECONDS] [TAIL_LINES] # device: wait for it, print its log's tail
 #
 # pack writes PREFIX.part00, part01, ... of at most PART_MB (default 52) MiB each: one per call, beside the
-# tree and the packages that call carries. A list (e.g. 11,24,53) sizes the first parts in order and repeats
-# its last size, so the parts fill what the package archives leave of each call's carry. unpack exits 3 (saying how many parts are there) while parts are
-# missing; once all are there it unpacks them (into a staging folder, moved into DEST when whole), deletes
-# them and leaves DEST/.unpacked-<PREFIX's name>, so a
+# tree and the packages that call carries. A list (e.g. 10,23,53) sizes the first parts in order and repeats
+# its last size, so the parts fill what the package archives leave of each call's carry. unpack exits 3
+# (saying how many parts are there) while parts are missing; once all are there it unpacks them (into a
+# staging folder, moved into DEST when whole), deletes them and leaves DEST/.unpacked-<PREFIX's name>, so a
 # later call (parts no longer carried) exits 0 at once.
 #
 # start runs CMD in its own session (setsid), so it outlives the call that started it; its output goes to
