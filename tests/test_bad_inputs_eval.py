@@ -174,6 +174,14 @@ def test_a_save_video_mode_that_does_not_exist_is_refused_before_ray(inputs, tmp
         assert load_eval_config(_raw(inputs, f"env.eval.save_video={old}")).env.eval.save_video == mode
 
 
+def test_a_video_rate_that_does_not_divide_the_control_rate_is_refused(inputs, tmp_path) -> None:
+    err = _refused(inputs, "env.eval.video_fps", "must divide the control rate 20", "env.eval.video_fps=3")
+    assert "20, 10, 5, 4, 2, 1" in err.fix
+    _driver_refuses(inputs, tmp_path, "env.eval.video_fps", "env.eval.video_fps=3")
+    for fps, stride in ((20, 1), (10, 2), (5, 4)):  # the videos play in real time: every stride-th step rendered
+        assert load_eval_config(_raw(inputs, f"env.eval.video_fps={fps}")).env.eval.video_frame_stride == stride
+
+
 def test_an_experiment_name_that_is_not_one_directory_is_refused(inputs, tmp_path) -> None:
     err = _refused(inputs, "runner.experiment_name", "'a/b' is not a plain directory name", "runner.experiment_name=a/b")
     assert "without '/'" in err.fix

@@ -337,6 +337,20 @@ def test_chunk_step_renders_only_its_last_step_and_matches_rendering_every_step(
         np.testing.assert_array_equal(every_step["main_images"][-1], last_only["main_image"])
     assert outs[1][1]["main_image"].std() > 10, "the rendered view looks blank"
 
+    # a frame stride of 4 (a 5 fps video): the frames of the steps 12, 16 | 20, 24 since the reset (10 settle
+    # steps before), equal to those of rendering every step, and the same observations
+    with LiberoSimProcess(name="render-stride") as proc:
+        proc.make("libero_spatial", 0, seed=0)
+        proc.reset(3)
+        proc.chunk_step(np.tile(NOOP, (10, 1)), return_frames=True, frame_stride=4)  # frames of steps 0, 4, 8
+        strided = [proc.chunk_step(actions[:7], return_frames=True, frame_stride=4),
+                   proc.chunk_step(actions[7:], return_frames=True, frame_stride=4)]
+    for every_step, sparse, picked in zip(outs[0], strided, ([2, 6], [3, 7]), strict=True):
+        for key in ("main_image", "wrist_image", "state", "rewards"):
+            np.testing.assert_array_equal(every_step[key], sparse[key], err_msg=key)
+        for key in ("main_images", "wrist_images"):
+            np.testing.assert_array_equal(every_step[key][picked], sparse[key], err_msg=key)
+
     # how many times robosuite's renderer runs, counted inside the simulator's own interpreter
     script = textwrap.dedent("""
         import numpy as np

@@ -100,6 +100,10 @@ class EnvEvalConfig:
     ``true`` means ``all``, ``false`` means ``none``."""
     video_dir: str | None = None
     video_fps: int = CONTROL_FPS
+    """Frames per second of the saved videos, which play in real time: below the control rate (20) the
+    simulator renders only every ``20 / video_fps``-th step for them (10: half the frames). Rendering both
+    cameras at every step is most of an eval's simulator time without a GPU (docs/benchmarks.md). It
+    must divide 20."""
     sim_timeout_s: float = 300.0
     """Longest wait for one simulator reply (a whole action chunk) before the process counts as hung."""
     sim_startup_timeout_s: float = 120.0
@@ -117,6 +121,11 @@ class EnvEvalConfig:
     def records_video(self) -> bool:
         """Frames are streamed back and encoded during every episode (``all`` or ``failures``)."""
         return self.save_video in ("all", "failures")
+
+    @property
+    def video_frame_stride(self) -> int:
+        """Every how many control steps a video frame is rendered (``video_fps`` divides the control rate)."""
+        return CONTROL_FPS // self.video_fps
 
     def keeps_video(self, success_once: bool) -> bool:
         """Whether a completed episode's recorded video is written (else it is discarded)."""
@@ -239,7 +248,9 @@ class EnvEvalConfig:
             require(bool(self.video_dir), f"{root}.video_dir",
                     f"is required when save_video is {self.save_video}",
                     f"set {root}.video_dir=/path/to/videos or {root}.save_video=none")
-        require(self.video_fps > 0, f"{root}.video_fps", f"must be > 0, got {self.video_fps}")
+        require(self.video_fps > 0 and CONTROL_FPS % self.video_fps == 0, f"{root}.video_fps",
+                f"must divide the control rate {CONTROL_FPS} (the videos play in real time), got {self.video_fps}",
+                f"set {root}.video_fps to one of 20, 10, 5, 4, 2, 1")
         require(self.sim_timeout_s > 0, f"{root}.sim_timeout_s", f"must be > 0, got {self.sim_timeout_s}")
         require(self.sim_startup_timeout_s > 0, f"{root}.sim_startup_timeout_s",
                 f"must be > 0, got {self.sim_startup_timeout_s}")

@@ -277,13 +277,14 @@ class LiberoSimProcess:
         return self.request("step", {"action": np.asarray(action, dtype=np.float64)}, privileged=privileged)
 
     def chunk_step(self, actions: np.ndarray, *, stop_on_success: bool = False,
-                   return_frames: bool = False, privileged: bool = False) -> Reply:
+                   return_frames: bool = False, frame_stride: int = 1, privileged: bool = False) -> Reply:
         """Up to K actions in one round trip; returns the final obs, per-step ``rewards``,
         ``successes``, ``dones`` and ``num_steps`` (fewer than K if it stopped early at ``done``
-        or, with ``stop_on_success``, at the first success)."""
+        or, with ``stop_on_success``, at the first success); with ``return_frames`` the frames of every
+        ``frame_stride``-th step since the reset."""
         return self.request("chunk_step", {"actions": np.asarray(actions, dtype=np.float64)},
                             stop_on_success=stop_on_success, return_frames=return_frames,
-                            privileged=privileged)
+                            frame_stride=frame_stride, privileged=privileged)
 
     def privileged(self) -> Reply:
         """Ground-truth goal, robot and object state (see ``libero_privileged.collect_privileged``)."""

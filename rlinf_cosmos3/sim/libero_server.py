@@ -65,7 +65,8 @@ def _handlers(session: Any) -> dict[str, Callable[[Message], dict[str, Any]]]:
         "step": lambda m: with_privileged(m, session.step(m.arrays["action"])),
         "chunk_step": lambda m: with_privileged(m, session.chunk_step(
             m.arrays["actions"], stop_on_success=bool(m.fields.get("stop_on_success", False)),
-            return_frames=bool(m.fields.get("return_frames", False)))),
+            return_frames=bool(m.fields.get("return_frames", False)),
+            frame_stride=int(m.fields.get("frame_stride", 1)))),
         "privileged": lambda m: session.privileged(),
         "forward_counts": lambda m: {"calls": session.forward_counts.calls,
                                      "skipped": session.forward_counts.skipped},

@@ -41,6 +41,7 @@ class LiberoSession:
         self._suite = ""
         self._task_id = -1
         self._last_raw: dict[str, np.ndarray] = {}
+        self._steps_since_reset = 0  # which steps' frames a chunk with a frame stride returns
         self._skip_repeated_forward = True
         self.forward_counts = ForwardCounts()  # robosuite's forward calls while stepping, and those skipped
 
@@ -157,6 +158,7 @@ class LiberoSession:
         env.reset()
         raw = env.set_init_state(states[init_state_id])
         self._has_reset = True
+        self._steps_since_reset = 0
         self._last_raw = raw
         return {**self.format_obs(raw), "task": self._task_language, "success": bool(env.check_success())}
 
@@ -186,7 +188,7 @@ class LiberoSession:
                 "success": bool(env.check_success())}
 
     def chunk_step(self, actions: np.ndarray, stop_on_success: bool = False,
-                   return_frames: bool = False) -> dict[str, Any]:
+                   return_frames: bool = False, frame_stride: int = 1) -> dict[str, Any]:
         """Run a chunk of actions in one round trip; stops early at ``done`` (horizon) and, if
         asked, at the first success. Per-step flags cover only the steps actually executed.
 
@@ -196,7 +198,13 @@ class LiberoSession:
         are bit-identical to rendering every step
         (robosuite samples the cameras at the same sub-step either way; tested). A chunk that ends
         early (success or done) on a step that was not rendered renders its cameras after that step
-        instead -- an episode's final view, never sent to the policy."""
+        instead -- an episode's final view, never sent to the policy.
+
+        ``frame_stride`` k: with ``return_frames``, only every k-th step since the reset (counted over
+        chunks, from the reset's first step) renders and returns its frames -- a video at 1/k of the
+        control rate for 1/k of the rendering."""
+        if frame_stride < 1:
+            raise SessionError(f"frame_stride must be >= 1, got {frame_stride}")
         actions = np.asarray(actions, dtype=np.float64)
         if actions.ndim != 2 or actions.shape[1] != ACTION_DIM:
             raise SessionError(f"actions must have shape (K, {ACTION_DIM}), got {actions.shape}")
@@ -207,14 +215,16 @@ class LiberoSession:
         raw: dict[str, np.ndarray] = {}
         rendered = False
         for index, action in enumerate(actions):
-            rendered = return_frames or index == len(actions) - 1
+            framed = return_frames and self._steps_since_reset % frame_stride == 0
+            rendered = framed or index == len(actions) - 1
             with nullcontext() if rendered else self._cameras_held():
                 raw, reward, done, _info = self._env_step(env, self._check_action(action))
+            self._steps_since_reset += 1
             success = bool(env.check_success())
             rewards.append(float(reward))
             successes.append(success)
             dones.append(bool(done))
-            if return_frames:
+            if framed:
                 obs = self.format_obs(raw)
                 frames.append((obs["main_image"], obs["wrist_image"]))
             if done or (stop_on_success and success):
@@ -230,9 +240,10 @@ class LiberoSession:
             "dones": np.asarray(dones, dtype=bool),
             "num_steps": len(rewards), "success": successes[-1], "done": dones[-1],
         }
-        if return_frames:
-            reply["main_images"] = np.stack([f[0] for f in frames])
-            reply["wrist_images"] = np.stack([f[1] for f in frames])
+        if return_frames:  # none when no step of this chunk fell on the stride
+            empty = np.zeros((0, *out["main_image"].shape), dtype=out["main_image"].dtype)
+            reply["main_images"] = np.stack([f[0] for f in frames]) if frames else empty
+            reply["wrist_images"] = np.stack([f[1] for f in frames]) if frames else empty.copy()
         return reply
 
     def _env_step(self, env: Any, action: np.ndarray) -> tuple[Any, ...]:

@@ -217,7 +217,8 @@ class EnvSlot:
                                 horizon=max(MIN_SIM_HORIZON, self.cap + 1), hard_reset=True)
             return
         stop = self.phase is Phase.STEP and self.cfg.stop_on_success
-        self.sim.send_chunk(self.proc, stop_on_success=stop, return_frames=self.cfg.records_video)
+        self.sim.send_chunk(self.proc, stop_on_success=stop, return_frames=self.cfg.records_video,
+                            frame_stride=self.cfg.video_frame_stride)
 
     def receive(self) -> Reply:
         """The reply to the request in flight (raises a SIM_FAILURES error if the process fails)."""
@@ -278,7 +279,7 @@ class EnvSlot:
         self.obs = {"main_image": reply["main_image"], "wrist_image": reply["wrist_image"], "state": reply["state"]}
 
     def _record_frames(self, reply: Reply) -> None:
-        if not self.cfg.records_video:
+        if not self.cfg.records_video or len(reply["main_images"]) == 0:  # no step of the chunk on the stride
             return
         if self._video is None:
             assert self.episode is not None and self.cfg.video_dir is not None
