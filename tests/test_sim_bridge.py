@@ -345,6 +345,8 @@ def test_chunk_step_renders_only_its_last_step_and_matches_rendering_every_step(
         proc.chunk_step(np.tile(NOOP, (10, 1)), return_frames=True, frame_stride=4)  # frames of steps 0, 4, 8
         strided = [proc.chunk_step(actions[:7], return_frames=True, frame_stride=4),
                    proc.chunk_step(actions[7:], return_frames=True, frame_stride=4)]
+        between = proc.chunk_step(actions[:2], return_frames=True, frame_stride=4)  # steps 26, 27: none filmed
+    assert between["main_images"].shape == between["wrist_images"].shape == (0, 256, 256, 3)
     for every_step, sparse, picked in zip(outs[0], strided, ([2, 6], [3, 7]), strict=True):
         for key in ("main_image", "wrist_image", "state", "rewards"):
             np.testing.assert_array_equal(every_step[key], sparse[key], err_msg=key)

@@ -250,7 +250,8 @@ class EnvEvalConfig:
                     f"set {root}.video_dir=/path/to/videos or {root}.save_video=none")
         require(self.video_fps > 0 and CONTROL_FPS % self.video_fps == 0, f"{root}.video_fps",
                 f"must divide the control rate {CONTROL_FPS} (the videos play in real time), got {self.video_fps}",
-                f"set {root}.video_fps to one of 20, 10, 5, 4, 2, 1")
+                f"set {root}.video_fps to one of "
+                f"{', '.join(str(f) for f in range(CONTROL_FPS, 0, -1) if CONTROL_FPS % f == 0)}")
         require(self.sim_timeout_s > 0, f"{root}.sim_timeout_s", f"must be > 0, got {self.sim_timeout_s}")
         require(self.sim_startup_timeout_s > 0, f"{root}.sim_startup_timeout_s",
                 f"must be > 0, got {self.sim_startup_timeout_s}")

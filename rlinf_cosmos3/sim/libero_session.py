@@ -240,10 +240,9 @@ class LiberoSession:
             "dones": np.asarray(dones, dtype=bool),
             "num_steps": len(rewards), "success": successes[-1], "done": dones[-1],
         }
-        if return_frames:  # none when no step of this chunk fell on the stride
-            empty = np.zeros((0, *out["main_image"].shape), dtype=out["main_image"].dtype)
-            reply["main_images"] = np.stack([f[0] for f in frames]) if frames else empty
-            reply["wrist_images"] = np.stack([f[1] for f in frames]) if frames else empty.copy()
+        if return_frames:  # [0, H, W, 3] when no step of this chunk fell on the stride
+            for view, key in enumerate(("main_images", "wrist_images")):
+                reply[key] = np.stack([f[view] for f in frames]) if frames else out["main_image"][None][:0]
         return reply
 
     def _env_step(self, env: Any, action: np.ndarray) -> tuple[Any, ...]:
